@@ -1,0 +1,249 @@
+//! The error taxonomy shared by every stage.
+//!
+//! Whether an error is worth retrying is decided where it arises (the HTTP
+//! client, the database driver, the parser) and carried as data, never
+//! recovered later by matching on message text. The runner only asks
+//! [`Error::is_transient`] and [`Error::class`].
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The class of a failure, as recorded in the ledger's `error_class` column
+/// and shown by `tidemark status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    /// A value that does not fit its field (bad number, missing required field).
+    Validation,
+    /// Input that cannot be decoded at all (malformed CSV/JSON).
+    Parse,
+    /// The destination disagrees with the pipeline (column types, key).
+    Contract,
+    /// A safety rail refused the work (delete guard, duplicate keys, too many rejects).
+    Invariant,
+    /// The pipeline file or the command line is wrong.
+    Config,
+    /// The source could not be read (missing file, HTTP failure).
+    Source,
+    /// The database failed.
+    Database,
+}
+
+impl ErrorClass {
+    /// The snake_case name stored in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Validation => "validation",
+            ErrorClass::Parse => "parse",
+            ErrorClass::Contract => "contract",
+            ErrorClass::Invariant => "invariant",
+            ErrorClass::Config => "config",
+            ErrorClass::Source => "source",
+            ErrorClass::Database => "database",
+        }
+    }
+}
+
+impl fmt::Display for ErrorClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where in a source a record came from: enough for an operator to open the
+/// file (or request the URL) and find the offending row.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Location {
+    /// File path or URL (with secrets already redacted).
+    pub resource: String,
+    /// Page number for paginated sources (1-based).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page: Option<u64>,
+    /// Record number within the resource or page (1-based, header excluded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<u64>,
+    /// Line number in a text file, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
+}
+
+impl Location {
+    /// A location naming only a resource (a file or URL).
+    pub fn resource(resource: impl Into<String>) -> Self {
+        Location {
+            resource: resource.into(),
+            ..Location::default()
+        }
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.resource)?;
+        if let Some(page) = self.page {
+            write!(f, " page {page}")?;
+        }
+        if let Some(record) = self.record {
+            write!(f, " row {record}")?;
+        }
+        if let Some(line) = self.line {
+            write!(f, " (line {line})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every failure tidemark reports. Each variant knows its [`ErrorClass`]
+/// and whether retrying the same operation could succeed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The pipeline file or command line is wrong. Nothing was touched.
+    #[error("{file}: {key}: {message}")]
+    Config {
+        /// The pipeline file (or `command line`).
+        file: String,
+        /// The offending key, dotted (`load.key`, `fields.amount.type`).
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A raw value does not fit its field.
+    #[error("{location}: field `{field}`: {message}: {value:?}")]
+    Validation {
+        /// Where the record came from.
+        location: Location,
+        /// Output column name.
+        field: String,
+        /// The raw value as read (truncated when long).
+        value: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The input could not be decoded.
+    #[error("{location}: {message}")]
+    Parse {
+        /// Where decoding failed.
+        location: Location,
+        /// The decoder's explanation.
+        message: String,
+    },
+    /// The destination table contradicts the pipeline.
+    #[error("table `{table}`: {message}")]
+    Contract {
+        /// Destination table.
+        table: String,
+        /// The contradiction, naming the columns.
+        message: String,
+    },
+    /// A safety rail refused the work.
+    #[error("{0}")]
+    Invariant(String),
+    /// The source could not be read.
+    #[error("{message}")]
+    Source {
+        /// What failed, with the (redacted) resource.
+        message: String,
+        /// True for connect/timeout/reset, HTTP 408/429/5xx, truncated bodies.
+        transient: bool,
+        /// A server-requested delay before the next try (`Retry-After`).
+        retry_after: Option<Duration>,
+    },
+    /// The database failed.
+    #[error("database: {message}")]
+    Database {
+        /// The driver's message.
+        message: String,
+        /// True for I/O, pool time-outs, busy/locked, serialization failures.
+        transient: bool,
+    },
+}
+
+impl Error {
+    /// The class recorded in the ledger.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Config { .. } => ErrorClass::Config,
+            Error::Validation { .. } => ErrorClass::Validation,
+            Error::Parse { .. } => ErrorClass::Parse,
+            Error::Contract { .. } => ErrorClass::Contract,
+            Error::Invariant(_) => ErrorClass::Invariant,
+            Error::Source { .. } => ErrorClass::Source,
+            Error::Database { .. } => ErrorClass::Database,
+        }
+    }
+
+    /// Whether trying the same operation again may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Source { transient, .. } | Error::Database { transient, .. } => *transient,
+            _ => false,
+        }
+    }
+
+    /// The delay the server asked for, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::Source { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// A configuration error about `key` in `file`.
+    pub fn config(file: impl Into<String>, key: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Config {
+            file: file.into(),
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A permanent source error (missing file, HTTP 404, ...).
+    pub fn source_permanent(message: impl Into<String>) -> Self {
+        Error::Source {
+            message: message.into(),
+            transient: false,
+            retry_after: None,
+        }
+    }
+
+    /// A transient source error (connection reset, HTTP 503, ...).
+    pub fn source_transient(message: impl Into<String>) -> Self {
+        Error::Source {
+            message: message.into(),
+            transient: true,
+            retry_after: None,
+        }
+    }
+}
+
+/// Shorthand used across the stages.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_source_and_database_errors_can_be_transient() {
+        assert!(Error::source_transient("reset").is_transient());
+        assert!(!Error::source_permanent("404").is_transient());
+        assert!(Error::Database { message: "busy".into(), transient: true }.is_transient());
+        assert!(!Error::Invariant("refused".into()).is_transient());
+        assert!(!Error::config("f.toml", "load.key", "x").is_transient());
+    }
+
+    #[test]
+    fn validation_error_names_location_field_and_value() {
+        let err = Error::Validation {
+            location: Location { resource: "a.csv".into(), record: Some(4), line: Some(5), page: None },
+            field: "amount".into(),
+            value: "12,x".into(),
+            message: "not a decimal".into(),
+        };
+        assert_eq!(err.to_string(), "a.csv row 4 (line 5): field `amount`: not a decimal: \"12,x\"");
+        assert_eq!(err.class(), ErrorClass::Validation);
+    }
+}

@@ -1,0 +1,757 @@
+//! The pipeline file (`pipelines/NAME.toml`), parsed with serde and checked.
+//!
+//! Every struct denies unknown keys: a misspelt `on_mising` must be an
+//! error, not a silently ignored safety rail. [`Pipeline::load`] names the
+//! file and the offending key in every error.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono_tz::Tz;
+use indexmap::IndexMap;
+use serde::Deserialize;
+
+use crate::error::Error;
+use crate::period::{Granularity, Period};
+use crate::template::Template;
+use crate::value::FieldType;
+
+/// A whole pipeline file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// Pipeline name; part of every run key.
+    pub name: String,
+    /// Export type; part of every run key and of every loaded row.
+    pub export_type: String,
+    /// Handler version, recorded on every run.
+    #[serde(default = "default_version")]
+    pub version: String,
+    /// How periods are cut.
+    pub period: PeriodSpec,
+    /// One or more sources; each is its own run key.
+    pub sources: Vec<SourceSpec>,
+    /// Output columns, in table order.
+    pub fields: IndexMap<String, FieldSpec>,
+    /// Destination and reconciliation.
+    pub load: LoadSpec,
+    /// Retry policy for transient errors.
+    #[serde(default)]
+    pub retry: RetrySpec,
+    /// When `sync`/`serve` consider a period due.
+    #[serde(default)]
+    pub schedule: Option<ScheduleSpec>,
+}
+
+fn default_version() -> String {
+    "1".to_string()
+}
+
+/// `[period]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeriodSpec {
+    /// hour, day, week (ISO) or month.
+    pub granularity: Granularity,
+    /// IANA timezone name; periods follow its wall clock.
+    #[serde(default = "default_timezone")]
+    pub timezone: Tz,
+    /// First period for `sync`.
+    #[serde(default)]
+    pub start: Option<String>,
+    /// A period is due once its end plus `lag` has passed (`2h`).
+    #[serde(default)]
+    pub lag: Option<String>,
+    /// `sync` re-runs the last N done periods to catch late data.
+    #[serde(default)]
+    pub lookback: u32,
+}
+
+fn default_timezone() -> Tz {
+    Tz::UTC
+}
+
+/// Record formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// A JSON document; records at the `records` pointer.
+    Json,
+    /// One JSON object per line.
+    Ndjson,
+    /// CSV with a header row.
+    Csv,
+}
+
+/// What to do when a file source matches no file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingPolicy {
+    /// Fail the run (class `source`, no retry).
+    #[default]
+    Error,
+    /// Treat the period as having no records.
+    Empty,
+}
+
+/// One `[[sources]]` entry, tagged by `transport`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "transport", rename_all = "lowercase")]
+pub enum SourceSpec {
+    /// Files on disk.
+    File(FileSourceSpec),
+    /// An HTTP API.
+    Http(HttpSourceSpec),
+}
+
+impl SourceSpec {
+    /// The source's id.
+    pub fn id(&self) -> &str {
+        match self {
+            SourceSpec::File(s) => &s.id,
+            SourceSpec::Http(s) => &s.id,
+        }
+    }
+}
+
+/// `transport = "file"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSourceSpec {
+    /// Source id; part of the run key.
+    pub id: String,
+    /// Record format.
+    pub format: Format,
+    /// Path template; a glob after templating. Relative to the pipeline file.
+    pub path: String,
+    /// What to do when no file matches.
+    #[serde(default)]
+    pub missing: MissingPolicy,
+    /// JSON pointer to the record array (`json` format).
+    #[serde(default)]
+    pub records: Option<String>,
+    /// CSV delimiter (one ASCII character, default `,`).
+    #[serde(default)]
+    pub delimiter: Option<char>,
+}
+
+/// `transport = "http"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSourceSpec {
+    /// Source id; part of the run key.
+    pub id: String,
+    /// Record format.
+    pub format: Format,
+    /// URL template.
+    pub url: String,
+    /// Query parameters (templates).
+    #[serde(default)]
+    pub query: IndexMap<String, String>,
+    /// Headers (templates); `${ENV}` values are secrets.
+    #[serde(default)]
+    pub headers: IndexMap<String, String>,
+    /// JSON pointer to the record array.
+    #[serde(default)]
+    pub records: Option<String>,
+    /// Pagination style.
+    #[serde(default)]
+    pub pagination: Pagination,
+    /// Requests per second shared by every period of this source.
+    #[serde(default)]
+    pub rate_limit: Option<RateLimit>,
+    /// Per-request timeout (`30s`).
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// CSV delimiter.
+    #[serde(default)]
+    pub delimiter: Option<char>,
+}
+
+/// Pagination styles.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(tag = "style", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Pagination {
+    /// One request.
+    #[default]
+    None,
+    /// Page numbers.
+    Page {
+        /// Page-number parameter.
+        #[serde(default = "default_page_param")]
+        param: String,
+        /// Page-size parameter.
+        #[serde(default)]
+        size_param: Option<String>,
+        /// Page size.
+        #[serde(default)]
+        size: Option<u64>,
+        /// First page number (default 1).
+        #[serde(default = "default_page_start")]
+        start: u64,
+    },
+    /// Offsets.
+    Offset {
+        /// Offset parameter.
+        #[serde(default = "default_offset_param")]
+        param: String,
+        /// Limit parameter.
+        #[serde(default)]
+        size_param: Option<String>,
+        /// Page size.
+        size: u64,
+    },
+    /// A cursor read from each response.
+    Cursor {
+        /// JSON pointer to the next cursor.
+        cursor: String,
+        /// Query parameter that carries it.
+        param: String,
+    },
+    /// RFC 8288 `Link: <...>; rel="next"`.
+    LinkHeader,
+}
+
+fn default_page_param() -> String {
+    "page".to_string()
+}
+fn default_offset_param() -> String {
+    "offset".to_string()
+}
+const fn default_page_start() -> u64 {
+    1
+}
+
+/// `rate_limit = { per_second, burst }`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    /// Sustained requests per second.
+    pub per_second: u32,
+    /// Extra requests allowed at once.
+    #[serde(default)]
+    pub burst: Option<u32>,
+}
+
+/// One `[fields]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldSpec {
+    /// Column type.
+    #[serde(rename = "type")]
+    pub ty: FieldType,
+    /// Input field name, or a JSON pointer (`/customer/id`). Default: the column name.
+    #[serde(default)]
+    pub from: Option<String>,
+    /// strftime-style format for date/timestamp/timestamptz input.
+    #[serde(default)]
+    pub format: Option<String>,
+    /// A missing, null or empty value is an error.
+    #[serde(default)]
+    pub required: bool,
+    /// Used when the input value is missing, null or empty.
+    #[serde(default)]
+    pub default: Option<toml::Value>,
+    /// A constant or templated value instead of reading the input.
+    #[serde(default)]
+    pub value: Option<String>,
+}
+
+/// Within one period's input, what to do with repeated natural keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DuplicateKeyPolicy {
+    /// The last occurrence wins.
+    #[default]
+    Last,
+    /// The first occurrence wins.
+    First,
+    /// Fail the period (class `invariant`).
+    Error,
+}
+
+/// Rows of a run key absent from the source on a re-run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnMissing {
+    /// Leave them.
+    #[default]
+    Keep,
+    /// Delete them.
+    Delete,
+    /// Set `_tm_deleted_at`.
+    SoftDelete,
+}
+
+/// `[load]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadSpec {
+    /// Destination table.
+    pub table: String,
+    /// Natural key columns (UNIQUE).
+    pub key: Vec<String>,
+    /// Repeated keys within a period.
+    #[serde(default)]
+    pub on_duplicate_key: DuplicateKeyPolicy,
+    /// Rows that vanished from the source.
+    #[serde(default)]
+    pub on_missing: OnMissing,
+    /// Refuse a reconciliation deleting more than this fraction of the run key's rows.
+    #[serde(default = "default_max_delete_fraction")]
+    pub max_delete_fraction: f64,
+    /// Bad rows tolerated per period (kept in the rejects table).
+    #[serde(default)]
+    pub max_rejects: u64,
+    /// Records per batch (one transaction each).
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+}
+
+const fn default_max_delete_fraction() -> f64 {
+    0.5
+}
+const fn default_batch_size() -> usize {
+    10_000
+}
+
+/// `[retry]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Tries of one operation, the first included.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// First backoff ceiling.
+    #[serde(default = "default_base_delay")]
+    pub base_delay: String,
+    /// Largest backoff (also caps `Retry-After`).
+    #[serde(default = "default_max_delay")]
+    pub max_delay: String,
+}
+
+impl Default for RetrySpec {
+    fn default() -> Self {
+        RetrySpec {
+            max_attempts: default_max_attempts(),
+            base_delay: default_base_delay(),
+            max_delay: default_max_delay(),
+        }
+    }
+}
+
+const fn default_max_attempts() -> u32 {
+    5
+}
+fn default_base_delay() -> String {
+    "500ms".to_string()
+}
+fn default_max_delay() -> String {
+    "60s".to_string()
+}
+
+/// `[schedule]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSpec {
+    /// Interval between checks (`15m`).
+    #[serde(default)]
+    pub every: Option<String>,
+    /// Cron expression.
+    #[serde(default)]
+    pub cron: Option<String>,
+}
+
+/// A loaded, checked pipeline: the spec plus what was derived from it.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    /// The spec as written.
+    pub spec: PipelineSpec,
+    /// The file it came from.
+    pub file: PathBuf,
+    /// The folder relative paths resolve against.
+    pub base_dir: PathBuf,
+    /// `[retry]` as durations.
+    pub retry: RetryPolicy,
+    /// `period.lag` as a duration.
+    pub lag: Duration,
+    /// `period.start` parsed.
+    pub first_period: Option<Period>,
+}
+
+/// Bounded exponential backoff with full jitter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Tries of one operation, the first included.
+    pub max_attempts: u32,
+    /// First backoff ceiling.
+    pub base_delay: Duration,
+    /// Largest delay.
+    pub max_delay: Duration,
+}
+
+impl RetryPolicy {
+    /// The delay before try `attempt + 1` after try `attempt` (1-based)
+    /// failed: uniformly random in `[0, min(max, base * 2^(attempt-1))]`
+    /// ("full jitter"), or the server's `Retry-After` capped at `max_delay`.
+    /// `unit` is a random number in `[0, 1)`.
+    pub fn delay(&self, attempt: u32, retry_after: Option<Duration>, unit: f64) -> Duration {
+        if let Some(after) = retry_after {
+            return after.min(self.max_delay);
+        }
+        let exp = attempt.saturating_sub(1).min(30);
+        let ceiling = self.base_delay.saturating_mul(1u32 << exp).min(self.max_delay);
+        ceiling.mul_f64(unit.clamp(0.0, 1.0))
+    }
+}
+
+impl Pipeline {
+    /// Reads, parses and checks a pipeline file.
+    pub fn load(path: &Path) -> Result<Pipeline, Error> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::config(&file, "(file)", format!("cannot read pipeline file: {e}")))?;
+        Pipeline::parse(&text, path)
+    }
+
+    /// Parses and checks pipeline text that came from `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<Pipeline, Error> {
+        let file = path.display().to_string();
+        let spec: PipelineSpec = toml::from_str(text).map_err(|e| {
+            let key = e.message().split('`').nth(1).unwrap_or("(toml)").to_string();
+            Error::config(&file, key, e.to_string().trim_end().replace('\n', "\n  "))
+        })?;
+        let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let check = Checker { file: &file };
+        check.spec(&spec)?;
+        let retry = RetryPolicy {
+            max_attempts: spec.retry.max_attempts,
+            base_delay: check.duration("retry.base_delay", &spec.retry.base_delay)?,
+            max_delay: check.duration("retry.max_delay", &spec.retry.max_delay)?,
+        };
+        let lag = match &spec.period.lag {
+            Some(lag) => check.duration("period.lag", lag)?,
+            None => Duration::ZERO,
+        };
+        let first_period = match &spec.period.start {
+            Some(start) => Some(
+                Period::parse(start, spec.period.granularity, spec.period.timezone)
+                    .map_err(|e| Error::config(&file, "period.start", e.to_string()))?,
+            ),
+            None => None,
+        };
+        Ok(Pipeline {
+            spec,
+            file: path.to_path_buf(),
+            base_dir,
+            retry,
+            lag,
+            first_period,
+        })
+    }
+
+    /// The file name for error messages.
+    pub fn file_name(&self) -> String {
+        self.file.display().to_string()
+    }
+
+    /// Parses a period named on the command line.
+    pub fn period(&self, text: &str) -> Result<Period, Error> {
+        Period::parse(text, self.spec.period.granularity, self.spec.period.timezone)
+            .map_err(|e| Error::config("command line", "--period", e.to_string()))
+    }
+
+    /// The source with this id.
+    pub fn source(&self, id: &str) -> Option<&SourceSpec> {
+        self.spec.sources.iter().find(|s| s.id() == id)
+    }
+}
+
+struct Checker<'a> {
+    file: &'a str,
+}
+
+impl Checker<'_> {
+    fn err(&self, key: impl Into<String>, message: impl Into<String>) -> Error {
+        Error::config(self.file, key, message)
+    }
+
+    fn duration(&self, key: &str, text: &str) -> Result<Duration, Error> {
+        humantime::parse_duration(text).map_err(|e| self.err(key, format!("invalid duration {text:?}: {e}")))
+    }
+
+    fn identifier(&self, key: &str, name: &str) -> Result<(), Error> {
+        let ok = !name.is_empty()
+            && name.len() <= 63
+            && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok {
+            return Err(self.err(key, format!("{name:?} is not a valid name: use letters, digits and _ (at most 63), not starting with a digit")));
+        }
+        if name.starts_with("_tm_") {
+            return Err(self.err(key, format!("{name:?}: names starting with _tm_ are reserved for tidemark's lineage columns")));
+        }
+        Ok(())
+    }
+
+    fn template(&self, key: &str, text: &str) -> Result<Template, Error> {
+        Template::parse(text).map_err(|e| self.err(key, e))
+    }
+
+    fn spec(&self, spec: &PipelineSpec) -> Result<(), Error> {
+        if spec.name.trim().is_empty() {
+            return Err(self.err("name", "must not be empty"));
+        }
+        if spec.export_type.trim().is_empty() {
+            return Err(self.err("export_type", "must not be empty"));
+        }
+        self.sources(spec)?;
+        self.fields(spec)?;
+        self.load(spec)?;
+        if spec.retry.max_attempts == 0 {
+            return Err(self.err("retry.max_attempts", "must be at least 1"));
+        }
+        if let Some(schedule) = &spec.schedule {
+            match (&schedule.every, &schedule.cron) {
+                (Some(every), None) => {
+                    self.duration("schedule.every", every)?;
+                }
+                (None, Some(_)) => {}
+                _ => return Err(self.err("schedule", "give exactly one of `every` or `cron`")),
+            }
+        }
+        Ok(())
+    }
+
+    fn sources(&self, spec: &PipelineSpec) -> Result<(), Error> {
+        if spec.sources.is_empty() {
+            return Err(self.err("sources", "at least one [[sources]] entry is required"));
+        }
+        for (i, source) in spec.sources.iter().enumerate() {
+            let at = |k: &str| format!("sources[{i}].{k}");
+            if source.id().is_empty() {
+                return Err(self.err(at("id"), "must not be empty"));
+            }
+            if spec.sources[..i].iter().any(|s| s.id() == source.id()) {
+                return Err(self.err(at("id"), format!("duplicate source id {:?}", source.id())));
+            }
+            match source {
+                SourceSpec::File(f) => {
+                    self.template(&at("path"), &f.path)?;
+                    self.records_pointer(&at("records"), f.format, f.records.as_deref())?;
+                    self.delimiter(&at("delimiter"), f.delimiter)?;
+                }
+                SourceSpec::Http(h) => {
+                    self.template(&at("url"), &h.url)?;
+                    for (k, v) in &h.query {
+                        self.template(&at(&format!("query.{k}")), v)?;
+                    }
+                    for (k, v) in &h.headers {
+                        self.template(&at(&format!("headers.{k}")), v)?;
+                    }
+                    self.records_pointer(&at("records"), h.format, h.records.as_deref())?;
+                    self.delimiter(&at("delimiter"), h.delimiter)?;
+                    if let Some(t) = &h.timeout {
+                        self.duration(&at("timeout"), t)?;
+                    }
+                    if let Some(rl) = h.rate_limit {
+                        if rl.per_second == 0 {
+                            return Err(self.err(at("rate_limit.per_second"), "must be at least 1"));
+                        }
+                    }
+                    if let Pagination::Cursor { cursor, .. } = &h.pagination {
+                        if !cursor.starts_with('/') {
+                            return Err(self.err(at("pagination.cursor"), "must be a JSON pointer such as \"/next\""));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn records_pointer(&self, key: &str, format: Format, pointer: Option<&str>) -> Result<(), Error> {
+        match pointer {
+            Some(p) if format != Format::Json => Err(self.err(key, format!("`records` only applies to format \"json\" (got {p:?})"))),
+            Some(p) if !p.is_empty() && !p.starts_with('/') => {
+                Err(self.err(key, format!("{p:?} is not a JSON pointer (RFC 6901): it must be empty or start with /")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn delimiter(&self, key: &str, delimiter: Option<char>) -> Result<(), Error> {
+        match delimiter {
+            Some(c) if !c.is_ascii() => Err(self.err(key, "must be one ASCII character")),
+            _ => Ok(()),
+        }
+    }
+
+    fn fields(&self, spec: &PipelineSpec) -> Result<(), Error> {
+        if spec.fields.is_empty() {
+            return Err(self.err("fields", "at least one field is required"));
+        }
+        for (name, field) in &spec.fields {
+            let at = |k: &str| format!("fields.{name}.{k}");
+            self.identifier(&format!("fields.{name}"), name)?;
+            if let Some(value) = &field.value {
+                self.template(&at("value"), value)?;
+                if field.from.is_some() {
+                    return Err(self.err(at("value"), "give either `value` or `from`, not both"));
+                }
+            }
+            if let Some(from) = &field.from {
+                if from.is_empty() {
+                    return Err(self.err(at("from"), "must not be empty"));
+                }
+            }
+            if let Some(format) = &field.format {
+                if !matches!(field.ty, FieldType::Date | FieldType::Timestamp | FieldType::Timestamptz) {
+                    return Err(self.err(at("format"), format!("`format` applies to date and time types, not {}", field.ty)));
+                }
+                if chrono::format::StrftimeItems::new(format).any(|i| matches!(i, chrono::format::Item::Error)) {
+                    return Err(self.err(at("format"), format!("invalid time format {format:?}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn load(&self, spec: &PipelineSpec) -> Result<(), Error> {
+        let load = &spec.load;
+        self.identifier("load.table", &load.table)?;
+        if load.key.is_empty() {
+            return Err(self.err("load.key", "at least one natural key field is required"));
+        }
+        for (i, key) in load.key.iter().enumerate() {
+            let Some(field) = spec.fields.get(key) else {
+                return Err(self.err("load.key", format!("key field `{key}` is not defined in [fields]")));
+            };
+            if !field.ty.can_be_key() {
+                return Err(self.err("load.key", format!("key field `{key}` has type {}, which cannot identify a row; use text, int or decimal", field.ty)));
+            }
+            if load.key[..i].contains(key) {
+                return Err(self.err("load.key", format!("key field `{key}` is listed twice")));
+            }
+        }
+        if !(0.0..=1.0).contains(&load.max_delete_fraction) {
+            return Err(self.err("load.max_delete_fraction", "must be between 0.0 and 1.0"));
+        }
+        if load.batch_size == 0 {
+            return Err(self.err("load.batch_size", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "orders"
+export_type = "orders_daily"
+version = "3"
+
+[period]
+granularity = "day"
+timezone = "Europe/Berlin"
+start = "2024-01-01"
+lag = "2h"
+
+[[sources]]
+id = "archive"
+transport = "file"
+format = "csv"
+path = "exports/{period.start:%Y/%m/%d}/orders*.csv"
+
+[fields]
+order_id = { type = "text", required = true }
+amount = { type = "decimal", from = "total" }
+region = { type = "text", value = "{source.id}" }
+
+[load]
+table = "orders"
+key = ["order_id"]
+on_missing = "delete"
+"#;
+
+    fn parse(text: &str) -> Result<Pipeline, Error> {
+        Pipeline::parse(text, Path::new("pipelines/orders.toml"))
+    }
+
+    fn config_err(text: &str) -> (String, String) {
+        match parse(text).unwrap_err() {
+            Error::Config { key, message, file } => {
+                assert_eq!(file, "pipelines/orders.toml");
+                (key, message)
+            }
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_a_good_pipeline_in_field_order() {
+        let p = parse(GOOD).unwrap();
+        assert_eq!(p.spec.fields.keys().collect::<Vec<_>>(), ["order_id", "amount", "region"]);
+        assert_eq!(p.lag, Duration::from_secs(7200));
+        assert_eq!(p.spec.load.on_missing, OnMissing::Delete);
+        assert_eq!(p.spec.load.batch_size, 10_000);
+        assert_eq!(p.first_period.unwrap().start_rfc3339(), "2024-01-01T00:00:00+01:00");
+        assert_eq!(p.base_dir, Path::new("pipelines"));
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let (key, message) = config_err(&GOOD.replace("on_missing", "on_mising"));
+        assert_eq!(key, "on_mising");
+        assert!(message.contains("unknown field"), "{message}");
+        let (key, _) = config_err(&GOOD.replace("format = \"csv\"", "format = \"csv\"\nfoo = 1"));
+        assert_eq!(key, "foo");
+    }
+
+    #[test]
+    fn bad_type_names_are_errors() {
+        let (key, message) = config_err(&GOOD.replace("type = \"decimal\"", "type = \"money\""));
+        assert_eq!(key, "money");
+        assert!(message.contains("unknown variant"), "{message}");
+    }
+
+    #[test]
+    fn key_must_be_a_field() {
+        let (key, message) = config_err(&GOOD.replace("key = [\"order_id\"]", "key = [\"id\"]"));
+        assert_eq!(key, "load.key");
+        assert!(message.contains("`id`"), "{message}");
+        let (_, message) = config_err(&GOOD.replace("key = [\"order_id\"]", "key = [\"amount\", \"amount\"]"));
+        assert!(message.contains("twice"), "{message}");
+    }
+
+    #[test]
+    fn float_keys_and_bad_templates_are_refused() {
+        let text = GOOD.replace("type = \"decimal\"", "type = \"float\"").replace("key = [\"order_id\"]", "key = [\"amount\"]");
+        assert!(config_err(&text).1.contains("cannot identify"));
+        let (key, _) = config_err(&GOOD.replace("{period.start:%Y/%m/%d}", "{period.begin}"));
+        assert_eq!(key, "sources[0].path");
+        let (_, message) = config_err(&GOOD.replace("timezone = \"Europe/Berlin\"", "timezone = \"Mars/Olympus\""));
+        assert!(message.contains("timezone"), "{message}");
+    }
+
+    #[test]
+    fn reserved_and_invalid_names_are_refused() {
+        let (key, _) = config_err(&GOOD.replace("region =", "_tm_region ="));
+        assert_eq!(key, "fields._tm_region");
+        let (key, _) = config_err(&GOOD.replace("table = \"orders\"", "table = \"orders; drop\""));
+        assert_eq!(key, "load.table");
+    }
+
+    #[test]
+    fn retry_delay_is_bounded_full_jitter() {
+        let policy = RetryPolicy { max_attempts: 5, base_delay: Duration::from_millis(500), max_delay: Duration::from_secs(4) };
+        assert_eq!(policy.delay(1, None, 0.0), Duration::ZERO);
+        assert_eq!(policy.delay(1, None, 0.999_999).as_millis(), 499);
+        assert_eq!(policy.delay(3, None, 0.5), Duration::from_secs(1));
+        assert_eq!(policy.delay(10, None, 0.999_999).as_millis(), 3999);
+        assert_eq!(policy.delay(1, Some(Duration::from_secs(2)), 0.1), Duration::from_secs(2));
+        assert_eq!(policy.delay(1, Some(Duration::from_secs(600)), 0.1), Duration::from_secs(4));
+    }
+}

@@ -1,0 +1,63 @@
+//! tidemark's extract stage: reads one source's records for one period in
+//! batches, each ending at a resumable checkpoint.
+//!
+//! The checkpoint is an opaque, versioned JSON value. The runner stores it
+//! in the ledger in the same transaction as the batch it ends, and hands it
+//! back to [`SourceReader::open`] when a new attempt resumes, so at most one
+//! batch is read again after a crash.
+
+#![warn(missing_docs)]
+
+mod file;
+
+use tidemark_core::spec::SourceSpec;
+use tidemark_core::{Error, Period, Pipeline, RawRecord};
+
+pub use file::FileReader;
+
+/// A resumable position in a source, stored in the ledger as JSON.
+pub type Checkpoint = serde_json::Value;
+
+/// Records read in one go, and the position after the last of them.
+#[derive(Debug)]
+pub struct Batch {
+    /// The records, at most `load.batch_size` of them.
+    pub records: Vec<RawRecord>,
+    /// Where the next batch starts.
+    pub checkpoint: Checkpoint,
+}
+
+/// Reads one source for one period.
+#[derive(Debug)]
+pub enum SourceReader {
+    /// `transport = "file"`.
+    File(FileReader),
+}
+
+impl SourceReader {
+    /// Opens `source` of `pipeline` for `period`, continuing after `resume`
+    /// when given. Fails with a permanent source error when the source is
+    /// missing and `missing = "error"`.
+    pub async fn open(
+        pipeline: &Pipeline,
+        source: &SourceSpec,
+        period: &Period,
+        resume: Option<&Checkpoint>,
+    ) -> Result<SourceReader, Error> {
+        match source {
+            SourceSpec::File(spec) => Ok(SourceReader::File(FileReader::open(pipeline, spec, period, resume).await?)),
+            SourceSpec::Http(spec) => Err(Error::config(
+                pipeline.file_name(),
+                format!("sources.{}.transport", spec.id),
+                "transport \"http\" is not available in this build yet",
+            )),
+        }
+    }
+
+    /// The next batch, or `None` when the source is exhausted.
+    pub async fn next_batch(&mut self) -> Result<Option<Batch>, Error> {
+        match self {
+            SourceReader::File(reader) => reader.next_batch().await,
+        }
+    }
+}
