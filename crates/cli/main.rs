@@ -1,1 +1,66 @@
-fn main() {}
+//! The `tidemark` binary: parses the command line, loads pipelines, opens
+//! the database and maps outcomes to the contract's exit codes
+//! (0 ok, 1 a run failed, 2 usage/configuration, 75 held elsewhere).
+
+mod cli;
+mod commands;
+mod engine;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tidemark_core::Error;
+
+use crate::cli::{Cli, LogFormat};
+
+/// Exit code for usage and configuration errors.
+pub const EXIT_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EXIT_CONFIG } else { 0 });
+        }
+    };
+    init_logging(cli.global.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(commands::dispatch(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(exit_code_of(&e))
+        }
+    }
+}
+
+/// The exit code of an error that stopped a command before any run.
+fn exit_code_of(error: &Error) -> u8 {
+    match error {
+        Error::Config { .. } => EXIT_CONFIG,
+        Error::LeaseLost(_) => 75,
+        _ => 1,
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("TIDEMARK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Text => builder.with_target(false).init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
+    }
+}

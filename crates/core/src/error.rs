@@ -151,6 +151,10 @@ pub enum Error {
         /// A server-requested delay before the next try (`Retry-After`).
         retry_after: Option<Duration>,
     },
+    /// This attempt no longer holds the run key's lease: another attempt
+    /// took it over, so nothing more may be committed (fencing).
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
     /// The database failed.
     #[error("database: {message}")]
     Database {
@@ -169,7 +173,7 @@ impl Error {
             Error::Validation { .. } => ErrorClass::Validation,
             Error::Parse { .. } => ErrorClass::Parse,
             Error::Contract { .. } => ErrorClass::Contract,
-            Error::Invariant(_) => ErrorClass::Invariant,
+            Error::Invariant(_) | Error::LeaseLost(_) => ErrorClass::Invariant,
             Error::Source { .. } => ErrorClass::Source,
             Error::Database { .. } => ErrorClass::Database,
         }

@@ -461,6 +461,37 @@ impl Pipeline {
             .map_err(|e| Error::config("command line", "--period", e.to_string()))
     }
 
+    /// Every template of the pipeline that reads the environment must find
+    /// its variable set; checked before anything runs. The error names the
+    /// variable and the key, never a value.
+    pub fn check_env(&self) -> Result<(), Error> {
+        let mut templates: Vec<(String, &str)> = Vec::new();
+        for (i, source) in self.spec.sources.iter().enumerate() {
+            match source {
+                SourceSpec::File(f) => templates.push((format!("sources[{i}].path"), &f.path)),
+                SourceSpec::Http(h) => {
+                    templates.push((format!("sources[{i}].url"), &h.url));
+                    templates.extend(h.query.iter().map(|(k, v)| (format!("sources[{i}].query.{k}"), v.as_str())));
+                    templates.extend(h.headers.iter().map(|(k, v)| (format!("sources[{i}].headers.{k}"), v.as_str())));
+                }
+            }
+        }
+        for (name, field) in &self.spec.fields {
+            if let Some(value) = &field.value {
+                templates.push((format!("fields.{name}.value"), value));
+            }
+        }
+        for (key, text) in templates {
+            let Ok(template) = Template::parse(text) else { continue };
+            for var in template.env_names() {
+                if std::env::var_os(var).is_none() {
+                    return Err(Error::config(self.file_name(), key, format!("environment variable `{var}` is not set")));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The source with this id.
     pub fn source(&self, id: &str) -> Option<&SourceSpec> {
         self.spec.sources.iter().find(|s| s.id() == id)

@@ -181,6 +181,18 @@ impl fmt::Display for Hash128 {
     }
 }
 
+/// One typed row, ready to load: values in column order plus the hashes the
+/// loader uses to skip unchanged rows and to recognise vanished keys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// Values in `[fields]` order.
+    pub values: Vec<Value>,
+    /// Hash of the natural key.
+    pub key_hash: Hash128,
+    /// Hash of all values.
+    pub row_hash: Hash128,
+}
+
 /// Incremental hasher over typed values.
 struct ValueHasher(Xxh3);
 

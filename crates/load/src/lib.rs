@@ -1,1 +1,158 @@
+//! tidemark's load stage: destination tables, the run ledger, fenced batch
+//! commits and reconciliation.
+//!
+//! The ledger lives in the destination database. Every batch is one
+//! transaction that (1) re-checks that this attempt still holds the run
+//! key (fencing), (2) upserts the batch's changed rows, (3) records the
+//! batch's natural keys and rejects, and (4) advances the checkpoint. The
+//! final reconciliation and the `done` status commit together. So whatever
+//! happens between two statements, the database holds either the batch and
+//! its checkpoint, or neither.
 
+#![warn(missing_docs)]
+
+mod db_error;
+mod ledger;
+mod schema;
+mod sqlite;
+mod writer;
+
+use std::time::Duration;
+
+use tidemark_core::{Error, RunKey};
+
+pub use ledger::{Claim, ClaimRequest, ClaimedRun, Counts, LedgerEntry, Lease, WorkerId};
+pub use schema::TableSchema;
+pub use writer::{Reconcile, Reject, RunWriter};
+
+/// A connection to the destination database, which also holds the ledger.
+#[derive(Debug, Clone)]
+pub struct Store {
+    backend: Backend,
+}
+
+#[derive(Debug, Clone)]
+enum Backend {
+    Sqlite(sqlite::SqliteStore),
+}
+
+impl Store {
+    /// Connects to `url` (`sqlite://path` — created when missing — or
+    /// `postgres://...`) and applies the ledger migrations.
+    pub async fn connect(url: &str) -> Result<Store, Error> {
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite(sqlite::SqliteStore::connect(url).await?)
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            return Err(Error::config(
+                "command line",
+                "--database-url",
+                "PostgreSQL is not available in this build yet",
+            ));
+        } else {
+            return Err(Error::config(
+                "command line",
+                "--database-url",
+                format!("unsupported database URL {:?}: use sqlite://PATH or postgres://...", redact_url(url)),
+            ));
+        };
+        Ok(Store { backend })
+    }
+
+    /// Applies pending ledger migrations (also done by [`Store::connect`]).
+    pub async fn migrate(&self) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.migrate().await,
+        }
+    }
+
+    /// Creates the destination table when missing, or checks that the
+    /// existing one agrees with the pipeline (a contract error otherwise).
+    pub async fn ensure_table(&self, schema: &TableSchema) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.ensure_table(schema).await,
+        }
+    }
+
+    /// Takes the run key for a new attempt, or explains why not.
+    pub async fn claim(&self, key: &RunKey, request: &ClaimRequest) -> Result<Claim, Error> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.claim(key, request).await,
+        }
+    }
+
+    /// Extends the lease. `Ok(false)` when the attempt no longer holds it.
+    pub async fn heartbeat(&self, lease: &Lease, ttl: Duration) -> Result<bool, Error> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.heartbeat(lease, ttl).await,
+        }
+    }
+
+    /// Records a failed attempt (fenced: a superseded attempt changes nothing).
+    pub async fn mark_failed(&self, lease: &Lease, counts: &Counts, error: &Error) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.mark_failed(lease, counts, error).await,
+        }
+    }
+
+    /// Forgets a resumable checkpoint so the attempt starts the period over.
+    pub async fn restart_fresh(&self, lease: &Lease) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.restart_fresh(lease).await,
+        }
+    }
+
+    /// Ledger rows of a pipeline, optionally for one period start.
+    pub async fn status(&self, pipeline: &str, period_start: Option<&str>) -> Result<Vec<LedgerEntry>, Error> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.status(pipeline, period_start).await,
+        }
+    }
+
+    /// Deletes attempt history and rejects older than `age`. Returns the
+    /// number of attempt rows and reject rows removed.
+    pub async fn prune(&self, age: Duration) -> Result<(u64, u64), Error> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.prune(age).await,
+        }
+    }
+
+    /// Starts writing the batches of a claimed run.
+    pub async fn writer(&self, schema: TableSchema, run: &ClaimedRun, key: &RunKey) -> Result<RunWriter, Error> {
+        RunWriter::start(self.clone(), schema, run, key).await
+    }
+}
+
+/// Hides a password in a database URL.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}://{user}:***@{}", &url[..scheme], &url[at + 1..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The current time as stored in the ledger: RFC 3339, UTC, milliseconds.
+pub(crate) fn now_text() -> String {
+    timestamp_text(chrono::Utc::now())
+}
+
+pub(crate) fn timestamp_text(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
+}

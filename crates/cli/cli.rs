@@ -1,0 +1,148 @@
+//! The command line, declared with clap's derive API. Every command and
+//! flag has a doc comment: that text is what `--help` shows.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// tidemark: idempotent, period-scoped ETL syncs. One period run = one
+/// effect, however often it runs.
+#[derive(Debug, Parser)]
+#[command(name = "tidemark", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every command takes.
+#[derive(Debug, Args)]
+pub struct Global {
+    /// Destination database, which also holds the ledger:
+    /// sqlite://PATH (created when missing) or postgres://USER@HOST/DB.
+    #[arg(long, global = true, env = "TIDEMARK_DATABASE_URL", default_value = "sqlite://tidemark.db")]
+    pub database_url: String,
+
+    /// Folder where pipeline names are looked up as NAME.toml.
+    #[arg(long, global = true, default_value = "pipelines")]
+    pub pipelines: PathBuf,
+
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one period of a pipeline (every source, or one with --source).
+    ///
+    /// A period that is already done is not run again: its stored result is
+    /// printed and the exit code is 0. Use --force to re-sync it.
+    Run(RunArgs),
+    /// Run every period from --from to --to (both included).
+    Backfill(BackfillArgs),
+    /// Show the ledger: what happened to each period.
+    Status(StatusArgs),
+    /// Check pipeline files without touching any database.
+    Validate(ValidateArgs),
+    /// Delete attempt history and rejected records older than a duration.
+    Prune(PruneArgs),
+    /// Apply the ledger migrations (also done on every start).
+    Migrate,
+}
+
+/// Options shared by `run` and `backfill`.
+#[derive(Debug, Args)]
+pub struct RunOptions {
+    /// Only this source (default: every source of the pipeline).
+    #[arg(long)]
+    pub source: Option<String>,
+
+    /// Re-run periods that are already done; the destination then holds
+    /// exactly the source's current rows for each run key.
+    #[arg(long)]
+    pub force: bool,
+
+    /// Allow a reconciliation that deletes more than load.max_delete_fraction
+    /// of a period's rows, or empties a period whose source returned nothing.
+    #[arg(long)]
+    pub force_deletes: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Pipeline name (pipelines/NAME.toml) or path to a .toml file.
+    pub pipeline: String,
+
+    /// The period: any date or time inside it (2024-03-07, 2024-03, 2024-03-07T13:00),
+    /// as wall-clock time in the pipeline's timezone.
+    #[arg(long)]
+    pub period: String,
+
+    #[command(flatten)]
+    pub options: RunOptions,
+
+    /// When another live run holds the period, wait for it and report the
+    /// result instead of exiting with 75.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BackfillArgs {
+    /// Pipeline name (pipelines/NAME.toml) or path to a .toml file.
+    pub pipeline: String,
+
+    /// First period (included).
+    #[arg(long)]
+    pub from: String,
+
+    /// Last period (included).
+    #[arg(long)]
+    pub to: String,
+
+    #[command(flatten)]
+    pub options: RunOptions,
+
+    /// Periods to run at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub concurrency: u16,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Pipeline name (pipelines/NAME.toml) or path to a .toml file.
+    pub pipeline: String,
+
+    /// Only this period.
+    #[arg(long)]
+    pub period: Option<String>,
+
+    /// One JSON object per run key instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// Pipeline names or paths.
+    #[arg(required = true)]
+    pub pipelines: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// Age beyond which history goes, e.g. 30d, 12h.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub older_than: std::time::Duration,
+}

@@ -1,0 +1,191 @@
+//! One function per command. Pipelines are loaded and checked before any
+//! database is opened, so a configuration error touches nothing.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tidemark_core::{Error, Period, Pipeline, RunKey};
+use tidemark_load::{Store, WorkerId};
+
+use crate::cli::{BackfillArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, StatusArgs, ValidateArgs};
+use crate::engine::{worst_exit_code, Job, Outcome, RunFlags};
+use crate::output;
+
+/// Runs the command; `Ok(exit code)` once something ran.
+pub async fn dispatch(cli: Cli) -> Result<u8, Error> {
+    match cli.command {
+        Command::Run(args) => run(&cli.global, args).await,
+        Command::Backfill(args) => backfill(&cli.global, args).await,
+        Command::Status(args) => status(&cli.global, args).await,
+        Command::Validate(args) => validate(&cli.global, &args),
+        Command::Prune(args) => prune(&cli.global, args).await,
+        Command::Migrate => {
+            Store::connect(&cli.global.database_url).await?.migrate().await?;
+            eprintln!("ledger migrations applied");
+            Ok(0)
+        }
+    }
+}
+
+/// `NAME` → `DIR/NAME.toml`; anything ending in `.toml` is a path.
+pub fn pipeline_path(global: &Global, name: &str) -> PathBuf {
+    if name.ends_with(".toml") || name.contains('/') {
+        PathBuf::from(name)
+    } else {
+        global.pipelines.join(format!("{name}.toml"))
+    }
+}
+
+/// Loads a pipeline and checks that every `${ENV}` it reads is set.
+fn load_pipeline(global: &Global, name: &str) -> Result<Pipeline, Error> {
+    let path = pipeline_path(global, name);
+    if !path.exists() {
+        return Err(Error::config(
+            path.display().to_string(),
+            "(file)",
+            format!("no pipeline file (looked for {}; pass a name from {} or a path to a .toml file)", path.display(), global.pipelines.display()),
+        ));
+    }
+    let pipeline = Pipeline::load(&path)?;
+    pipeline.check_env()?;
+    Ok(pipeline)
+}
+
+fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Error> {
+    match only {
+        None => Ok(pipeline.spec.sources.iter().map(|s| s.id().to_string()).collect()),
+        Some(id) if pipeline.source(id).is_some() => Ok(vec![id.to_string()]),
+        Some(id) => Err(Error::config(
+            pipeline.file_name(),
+            "--source",
+            format!("no source with id {id:?} (sources: {})", source_ids(pipeline, None)?.join(", ")),
+        )),
+    }
+}
+
+fn worker() -> WorkerId {
+    WorkerId {
+        host: gethostname::gethostname().to_string_lossy().into_owned(),
+        pid: std::process::id(),
+        instance: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
+    }
+}
+
+fn jobs(store: &Store, pipeline: &Arc<Pipeline>, periods: &[Period], options: &RunOptions, wait: bool) -> Result<Vec<Job>, Error> {
+    let sources = source_ids(pipeline, options.source.as_deref())?;
+    let worker = worker();
+    let flags = RunFlags { force: options.force, force_deletes: options.force_deletes, wait };
+    let mut jobs = Vec::new();
+    for period in periods {
+        for source in &sources {
+            jobs.push(Job {
+                store: store.clone(),
+                pipeline: Arc::clone(pipeline),
+                source_id: source.clone(),
+                key: RunKey::new(&pipeline.spec.name, source, &pipeline.spec.export_type, *period),
+                worker: worker.clone(),
+                flags,
+            });
+        }
+    }
+    Ok(jobs)
+}
+
+async fn run(global: &Global, args: RunArgs) -> Result<u8, Error> {
+    let pipeline = Arc::new(load_pipeline(global, &args.pipeline)?);
+    let period = pipeline.period(&args.period)?;
+    source_ids(&pipeline, args.options.source.as_deref())?;
+    let store = Store::connect(&global.database_url).await?;
+    let mut codes = Vec::new();
+    for job in jobs(&store, &pipeline, &[period], &args.options, args.wait)? {
+        let key = job.key.clone();
+        let outcome = job.run().await;
+        output::print_outcome(&key, &outcome);
+        codes.push(outcome_code(&outcome));
+    }
+    Ok(worst_exit_code(codes))
+}
+
+/// Configuration errors discovered while running keep exit code 2.
+fn outcome_code(outcome: &Outcome) -> u8 {
+    match outcome {
+        Outcome::Failed(e) if e.class() == tidemark_core::ErrorClass::Config => crate::EXIT_CONFIG,
+        other => other.exit_code(),
+    }
+}
+
+async fn backfill(global: &Global, args: BackfillArgs) -> Result<u8, Error> {
+    use futures_util::StreamExt;
+
+    let pipeline = Arc::new(load_pipeline(global, &args.pipeline)?);
+    let from = pipeline.period(&args.from)?;
+    let to = pipeline.period(&args.to)?;
+    if to.start() < from.start() {
+        return Err(Error::config("command line", "--to", format!("{} is before --from {}", to.label(), from.label())));
+    }
+    let periods: Vec<Period> = Period::range_inclusive(from, to).collect();
+    source_ids(&pipeline, args.options.source.as_deref())?;
+    let store = Store::connect(&global.database_url).await?;
+    let jobs = jobs(&store, &pipeline, &periods, &args.options, false)?;
+    let progress = output::progress_bar(jobs.len() as u64, "periods");
+    let mut results: Vec<(RunKey, Outcome)> = futures_util::stream::iter(jobs)
+        .map(|job| {
+            let progress = progress.clone();
+            async move {
+                let key = job.key.clone();
+                let outcome = job.run().await;
+                progress.inc(1);
+                (key, outcome)
+            }
+        })
+        .buffer_unordered(usize::from(args.concurrency))
+        .collect()
+        .await;
+    progress.finish_and_clear();
+    results.sort_by(|a, b| (a.0.period.start(), &a.0.source).cmp(&(b.0.period.start(), &b.0.source)));
+    output::print_summary(&results);
+    Ok(worst_exit_code(results.iter().map(|(_, o)| outcome_code(o))))
+}
+
+async fn status(global: &Global, args: StatusArgs) -> Result<u8, Error> {
+    let pipeline = load_pipeline(global, &args.pipeline)?;
+    let period = args.period.as_deref().map(|p| pipeline.period(p)).transpose()?;
+    let store = Store::connect(&global.database_url).await?;
+    let entries = store
+        .status(&pipeline.spec.name, period.map(|p| p.start_rfc3339()).as_deref())
+        .await?;
+    if args.json {
+        output::print_status_json(&entries);
+    } else {
+        output::print_status_table(&pipeline, &entries);
+    }
+    Ok(0)
+}
+
+fn validate(global: &Global, args: &ValidateArgs) -> Result<u8, Error> {
+    let mut code = 0;
+    for name in &args.pipelines {
+        match load_pipeline(global, name) {
+            Ok(p) => println!(
+                "ok: {} (pipeline {}, {} source(s), {} field(s), table {})",
+                p.file_name(),
+                p.spec.name,
+                p.spec.sources.len(),
+                p.spec.fields.len(),
+                p.spec.load.table
+            ),
+            Err(e) => {
+                eprintln!("error: {e}");
+                code = crate::EXIT_CONFIG;
+            }
+        }
+    }
+    Ok(code)
+}
+
+async fn prune(global: &Global, args: PruneArgs) -> Result<u8, Error> {
+    let store = Store::connect(&global.database_url).await?;
+    let (attempts, rejects) = store.prune(args.older_than).await?;
+    println!("pruned {attempts} attempt record(s) and {rejects} rejected record(s)");
+    Ok(0)
+}

@@ -1,0 +1,395 @@
+//! Runs one run key: claim it, read, type and load its batches, reconcile,
+//! and record the outcome. This is the glue between the stages; each stage
+//! owns its own rules.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidemark_core::spec::DuplicateKeyPolicy;
+use tidemark_core::{Error, Hash128, Pipeline, RawRecord, RetryPolicy, Row, RunKey};
+use tidemark_extract::{Checkpoint, SourceReader};
+use tidemark_load::{Claim, ClaimRequest, ClaimedRun, Counts, Lease, Reconcile, Reject, RunWriter, Store, TableSchema, WorkerId};
+use tidemark_transform::Transformer;
+use tracing::Instrument;
+
+/// How long a lease lasts without a heartbeat.
+pub const LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// How often `--wait` asks the ledger again.
+const WAIT_POLL: Duration = Duration::from_millis(500);
+
+/// What happened to one run key.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Ran to `done` now; the canonical result.
+    Done(serde_json::Value),
+    /// Was done already; the stored result. Nothing was read or written.
+    AlreadyDone(serde_json::Value),
+    /// Another live run holds it.
+    Held { owner: String },
+    /// Failed; recorded in the ledger.
+    Failed(Error),
+}
+
+impl Outcome {
+    /// The contract's exit code for this outcome.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Outcome::Done(_) | Outcome::AlreadyDone(_) => 0,
+            Outcome::Held { .. } | Outcome::Failed(Error::LeaseLost(_)) => 75,
+            Outcome::Failed(_) => 1,
+        }
+    }
+}
+
+/// The worst exit code of several outcomes: 1 beats 75 beats 0.
+pub fn worst_exit_code(codes: impl IntoIterator<Item = u8>) -> u8 {
+    codes.into_iter().fold(0, |worst, code| match (worst, code) {
+        (1, _) | (_, 1) => 1,
+        (75, _) | (_, 75) => 75,
+        _ => 0,
+    })
+}
+
+/// Flags of one invocation.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunFlags {
+    pub force: bool,
+    pub force_deletes: bool,
+    pub wait: bool,
+}
+
+/// Everything one run key needs.
+#[derive(Clone)]
+pub struct Job {
+    pub store: Store,
+    pub pipeline: Arc<Pipeline>,
+    pub source_id: String,
+    pub key: RunKey,
+    pub worker: WorkerId,
+    pub flags: RunFlags,
+}
+
+impl Job {
+    /// Claims and runs the run key; every failure ends up in the outcome
+    /// (and, once claimed, in the ledger).
+    pub async fn run(self) -> Outcome {
+        let run = match self.claim().await {
+            Ok(Claim::Claimed(run)) => *run,
+            Ok(Claim::Done(result)) => return Outcome::AlreadyDone(result),
+            Ok(Claim::Held { owner, .. }) => return Outcome::Held { owner },
+            Err(e) => return Outcome::Failed(e),
+        };
+        let span = tracing::info_span!(
+            "run",
+            pipeline = %self.key.pipeline,
+            source = %self.key.source,
+            export_type = %self.key.export_type,
+            period = %self.key.period.label(),
+            run_id = %run.lease.run_id,
+            attempt = run.lease.attempt,
+        );
+        self.run_claimed(run).instrument(span).await
+    }
+
+    async fn claim(&self) -> Result<Claim, Error> {
+        let request = ClaimRequest {
+            force: self.flags.force,
+            handler_version: self.pipeline.spec.version.clone(),
+            worker: self.worker.clone(),
+            lease_ttl: LEASE_TTL,
+        };
+        let mut waited = false;
+        loop {
+            let claim = retry(&self.pipeline.retry, "claim", || self.store.claim(&self.key, &request)).await?;
+            match claim {
+                Claim::Held { ref owner, .. } if self.flags.wait => {
+                    if !waited {
+                        tracing::info!(%owner, key = %self.key, "run key is held by another run; waiting");
+                        waited = true;
+                    }
+                    tokio::time::sleep(WAIT_POLL).await;
+                }
+                // Having waited for another run, its result is what we report.
+                Claim::Claimed(_) | Claim::Done(_) | Claim::Held { .. } => return Ok(claim),
+            }
+        }
+    }
+
+    async fn run_claimed(&self, run: ClaimedRun) -> Outcome {
+        let lease = run.lease.clone();
+        tracing::info!(resumed = run.resume.is_some(), "run started");
+        let heartbeat = spawn_heartbeat(self.store.clone(), lease.clone());
+        let started = std::time::Instant::now();
+        let mut counts = run.counts;
+        let result = self.execute(run, &mut counts).await;
+        heartbeat.abort();
+        match result {
+            Ok(result) => {
+                tracing::info!(elapsed_ms = started.elapsed().as_millis(), result = %result, "run done");
+                Outcome::Done(result)
+            }
+            Err(error) => {
+                tracing::error!(class = %error.class(), error = %error, "run failed");
+                if !matches!(error, Error::LeaseLost(_)) {
+                    let recorded = retry(&self.pipeline.retry, "record failure", || {
+                        self.store.mark_failed(&lease, &counts, &error)
+                    })
+                    .await;
+                    if let Err(e) = recorded {
+                        tracing::error!(error = %e, "could not record the failure in the ledger");
+                    }
+                }
+                Outcome::Failed(error)
+            }
+        }
+    }
+
+    async fn execute(&self, mut run: ClaimedRun, counts: &mut Counts) -> Result<serde_json::Value, Error> {
+        let pipeline = &*self.pipeline;
+        let source = pipeline
+            .source(&self.source_id)
+            .ok_or_else(|| Error::config(pipeline.file_name(), "sources", format!("no source {:?}", self.source_id)))?;
+        let schema = TableSchema::from_pipeline(pipeline);
+        retry(&pipeline.retry, "prepare table", || self.store.ensure_table(&schema)).await?;
+        let transformer = Transformer::new(pipeline, &self.source_id, &self.key.period)?;
+        let mut reader = match SourceReader::open(pipeline, source, &self.key.period, run.resume.as_ref()).await {
+            Err(Error::Invariant(why)) if run.resume.is_some() => {
+                tracing::warn!(%why, "checkpoint no longer matches the source; starting the period over");
+                self.store.restart_fresh(&run.lease).await?;
+                run = fresh(run);
+                SourceReader::open(pipeline, source, &self.key.period, None).await?
+            }
+            other => other?,
+        };
+        let mut writer = self.store.writer(schema, &run, &self.key).await?;
+        let mut committed: Option<Checkpoint> = run.resume.clone();
+        let mut backoff = Backoff::new(&pipeline.retry);
+        loop {
+            let batch = match reader.next_batch().await {
+                Ok(Some(batch)) => batch,
+                Ok(None) => break,
+                Err(e) if backoff.should_retry(&e, "read source").await => {
+                    reader = SourceReader::open(pipeline, source, &self.key.period, committed.as_ref()).await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            backoff.reset();
+            let (rows, rejects) = self.transform_batch(&transformer, &batch.records, &writer)?;
+            let read = batch.records.len() as u64;
+            loop {
+                match writer.write_batch(&rows, &rejects, read, &batch.checkpoint).await {
+                    Ok(()) => break,
+                    Err(e) if backoff.should_retry(&e, "commit batch").await => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            backoff.reset();
+            *counts = writer.counts();
+            tracing::debug!(rows = read, written = rows.len(), rejects = rejects.len(), "batch committed");
+            committed = Some(batch.checkpoint);
+        }
+        let reconcile = Reconcile {
+            on_missing: pipeline.spec.load.on_missing,
+            max_delete_fraction: pipeline.spec.load.max_delete_fraction,
+            force_deletes: self.flags.force_deletes,
+        };
+        finish(&mut writer, &reconcile, &mut backoff).await
+    }
+
+    /// Types a batch, routes bad records to rejects (up to `max_rejects` for
+    /// the whole period) and applies `on_duplicate_key`.
+    fn transform_batch(
+        &self,
+        transformer: &Transformer,
+        records: &[RawRecord],
+        writer: &RunWriter,
+    ) -> Result<(Vec<Row>, Vec<Reject>), Error> {
+        let load = &self.pipeline.spec.load;
+        let rejected_before = writer.counts().rows_rejected;
+        let mut rows: Vec<Row> = Vec::with_capacity(records.len());
+        let mut rejects = Vec::new();
+        let mut index: HashMap<Hash128, usize> = HashMap::with_capacity(records.len());
+        for record in records {
+            let row = match transformer.transform(record) {
+                Ok(row) => row,
+                Err(error) if rejected_before + rejects.len() as u64 >= load.max_rejects => return Err(error),
+                Err(error) => {
+                    rejects.push(reject_of(&error, record));
+                    continue;
+                }
+            };
+            let earlier = index.get(&row.key_hash).copied();
+            if earlier.is_some() || writer.was_seen(row.key_hash) {
+                match load.on_duplicate_key {
+                    DuplicateKeyPolicy::First => continue,
+                    DuplicateKeyPolicy::Error => {
+                        return Err(Error::Invariant(format!(
+                            "{}: duplicate natural key ({}) = ({}) in this period's input (load.on_duplicate_key = \"error\")",
+                            record.origin.location(),
+                            load.key.join(", "),
+                            key_text(&row, transformer.key_indices())
+                        )))
+                    }
+                    DuplicateKeyPolicy::Last => {
+                        if let Some(i) = earlier {
+                            rows[i] = row;
+                            continue;
+                        }
+                    }
+                }
+            }
+            index.insert(row.key_hash, rows.len());
+            rows.push(row);
+        }
+        Ok((rows, rejects))
+    }
+}
+
+async fn finish(writer: &mut RunWriter, reconcile: &Reconcile, backoff: &mut Backoff<'_>) -> Result<serde_json::Value, Error> {
+    loop {
+        match writer.finish(reconcile).await {
+            Ok(result) => return Ok(result),
+            Err(e) if backoff.should_retry(&e, "finish run").await => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn fresh(run: ClaimedRun) -> ClaimedRun {
+    ClaimedRun {
+        resume: None,
+        counts: Counts::default(),
+        batches: 0,
+        seen: Default::default(),
+        ..run
+    }
+}
+
+fn key_text(row: &Row, key: &[usize]) -> String {
+    key.iter()
+        .map(|&i| row.values[i].canonical_text().unwrap_or_else(|| "NULL".into()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn reject_of(error: &Error, record: &RawRecord) -> Reject {
+    let (field, value, reason) = match error {
+        Error::Validation { field, value, message, .. } => (Some(field.clone()), Some(value.clone()), message.clone()),
+        other => (None, None, other.to_string()),
+    };
+    Reject {
+        location: record.origin.location().to_string(),
+        field,
+        value,
+        reason,
+        record: record.to_json(),
+    }
+}
+
+/// Renews the lease every third of its length until aborted.
+fn spawn_heartbeat(store: Store, lease: Lease) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(
+        async move {
+            loop {
+                tokio::time::sleep(LEASE_TTL / 3).await;
+                match store.heartbeat(&lease, LEASE_TTL).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!("lease lost: another attempt took over this run key");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "heartbeat failed; will try again"),
+                }
+            }
+        }
+        .in_current_span(),
+    )
+}
+
+/// Retries of one operation: bounded, exponential, full jitter, honouring
+/// `Retry-After`, and only for transient errors.
+pub struct Backoff<'a> {
+    policy: &'a RetryPolicy,
+    failures: u32,
+}
+
+impl<'a> Backoff<'a> {
+    pub fn new(policy: &'a RetryPolicy) -> Self {
+        Backoff { policy, failures: 0 }
+    }
+
+    /// Forget earlier failures after a success.
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+
+    /// Whether to try again after `error`; sleeps the backoff delay first.
+    pub async fn should_retry(&mut self, error: &Error, what: &str) -> bool {
+        self.failures += 1;
+        if !error.is_transient() || self.failures >= self.policy.max_attempts {
+            return false;
+        }
+        let delay = self.policy.delay(self.failures, error.retry_after(), rand::random::<f64>());
+        tracing::warn!(
+            cause = %error,
+            attempt = self.failures,
+            max_attempts = self.policy.max_attempts,
+            delay_ms = delay.as_millis(),
+            "{what} failed with a transient error; retrying"
+        );
+        tokio::time::sleep(delay).await;
+        true
+    }
+}
+
+/// Runs `op` with [`Backoff`].
+pub async fn retry<T, F, Fut>(policy: &RetryPolicy, what: &str, mut op: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let mut backoff = Backoff::new(policy);
+    loop {
+        match op().await {
+            Err(e) if backoff.should_retry(&e, what).await => continue,
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worst_exit_code_prefers_failure_then_held() {
+        assert_eq!(worst_exit_code([0, 0]), 0);
+        assert_eq!(worst_exit_code([0, 75, 0]), 75);
+        assert_eq!(worst_exit_code([75, 1, 0]), 1);
+        assert_eq!(worst_exit_code([]), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_only_transient_errors_and_stops_at_max_attempts() {
+        let policy = RetryPolicy { max_attempts: 3, base_delay: Duration::from_millis(10), max_delay: Duration::from_millis(40) };
+        let mut calls = 0;
+        let result: Result<(), Error> = retry(&policy, "op", || {
+            calls += 1;
+            async { Err(Error::source_transient("reset")) }
+        })
+        .await;
+        assert!(result.is_err());
+        assert_eq!(calls, 3);
+        let mut calls = 0;
+        let result: Result<(), Error> = retry(&policy, "op", || {
+            calls += 1;
+            async { Err(Error::source_permanent("404")) }
+        })
+        .await;
+        assert!(result.is_err());
+        assert_eq!(calls, 1);
+    }
+}

@@ -1,0 +1,136 @@
+//! What tidemark prints: results on stdout (JSON lines or tables), errors
+//! and progress on stderr.
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tidemark_core::{Pipeline, RunKey};
+use tidemark_load::LedgerEntry;
+
+use crate::engine::Outcome;
+
+/// A progress bar on stderr when it is a terminal; hidden otherwise.
+pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    let template = format!("{{elapsed_precise}} [{{bar:40}}] {{pos}}/{{len}} {what} (eta {{eta}})");
+    if let Ok(style) = ProgressStyle::with_template(&template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// `run`: the canonical result as one JSON line on stdout; failures and
+/// held keys on stderr.
+pub fn print_outcome(key: &RunKey, outcome: &Outcome) {
+    match outcome {
+        Outcome::Done(result) => println!("{result}"),
+        Outcome::AlreadyDone(result) => {
+            eprintln!("already done: {key} (nothing was read or written; use --force to re-sync)");
+            println!("{result}");
+        }
+        Outcome::Held { owner } => {
+            eprintln!("held: {key} is being run by {owner}; exiting with 75 (use --wait to wait for it)")
+        }
+        Outcome::Failed(error) => eprintln!("error: {key}: {} error: {error}", error.class()),
+    }
+}
+
+fn count(result: &serde_json::Value, name: &str) -> u64 {
+    result.get(name).and_then(serde_json::Value::as_u64).unwrap_or(0)
+}
+
+/// `backfill`: one line per run key, then totals.
+pub fn print_summary(results: &[(RunKey, Outcome)]) {
+    println!(
+        "{:<20} {:<12} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "PERIOD", "SOURCE", "STATUS", "READ", "INSERTED", "UPDATED", "UNCHANGED", "DELETED", "REJECTED"
+    );
+    let mut tally = [0usize; 4];
+    for (key, outcome) in results {
+        let (status, result) = match outcome {
+            Outcome::Done(r) => ("done", Some(r)),
+            Outcome::AlreadyDone(r) => ("skipped", Some(r)),
+            Outcome::Held { .. } => ("held", None),
+            Outcome::Failed(_) => ("failed", None),
+        };
+        tally[match status {
+            "done" => 0,
+            "skipped" => 1,
+            "held" => 2,
+            _ => 3,
+        }] += 1;
+        let counts = ["rows_read", "rows_inserted", "rows_updated", "rows_unchanged", "rows_deleted", "rows_rejected"]
+            .map(|n| result.map_or_else(|| "-".to_string(), |r| count(r, n).to_string()));
+        println!(
+            "{:<20} {:<12} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            key.period.label(),
+            key.source,
+            status,
+            counts[0],
+            counts[1],
+            counts[2],
+            counts[3],
+            counts[4],
+            counts[5]
+        );
+        if let Outcome::Failed(error) = outcome {
+            eprintln!("error: {key}: {} error: {error}", error.class());
+        }
+        if let Outcome::Held { owner } = outcome {
+            eprintln!("held: {key} is being run by {owner}");
+        }
+    }
+    println!(
+        "{} run key(s): {} done, {} already done (skipped), {} held elsewhere, {} failed",
+        results.len(),
+        tally[0],
+        tally[1],
+        tally[2],
+        tally[3]
+    );
+}
+
+/// `status --json`: one object per run key.
+pub fn print_status_json(entries: &[LedgerEntry]) {
+    for entry in entries {
+        if let Ok(line) = serde_json::to_string(entry) {
+            println!("{line}");
+        }
+    }
+}
+
+/// `status`: a table an operator can read.
+pub fn print_status_table(pipeline: &Pipeline, entries: &[LedgerEntry]) {
+    if entries.is_empty() {
+        println!("no runs recorded for pipeline {}", pipeline.spec.name);
+        return;
+    }
+    println!(
+        "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8}  {:<24} ERROR",
+        "PERIOD START", "SOURCE", "STATUS", "TRY", "READ", "INSERTED", "UPDATED", "UNCHANGED", "DELETED", "REJECTED", "FINISHED"
+    );
+    for e in entries {
+        let error = match (&e.error_class, &e.error_message) {
+            (Some(class), Some(message)) => format!("{class}: {message}"),
+            _ => String::new(),
+        };
+        println!(
+            "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8}  {:<24} {}",
+            e.period_start,
+            e.source,
+            e.status,
+            e.attempts,
+            e.counts.rows_read,
+            e.counts.rows_inserted,
+            e.counts.rows_updated,
+            e.counts.rows_unchanged,
+            e.counts.rows_deleted,
+            e.counts.rows_rejected,
+            e.finished_at.as_deref().unwrap_or("-"),
+            error
+        );
+    }
+}

@@ -1,0 +1,64 @@
+//! Maps driver errors to tidemark's taxonomy, once, where they arise.
+
+use tidemark_core::Error;
+
+/// Classifies a sqlx error: connection-level trouble, pool time-outs, busy
+/// or locked SQLite databases, PostgreSQL serialization failures, deadlocks
+/// and administrator shutdowns are transient; constraint and type errors
+/// are permanent.
+pub(crate) fn db_error(err: sqlx::Error) -> Error {
+    let transient = match &err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| transient_code(&code)),
+        _ => false,
+    };
+    Error::Database {
+        message: err.to_string(),
+        transient,
+    }
+}
+
+/// SQLite result codes (primary code in the low byte) and PostgreSQL
+/// SQLSTATEs that are worth a retry.
+fn transient_code(code: &str) -> bool {
+    if let Ok(n) = code.parse::<i64>() {
+        // SQLITE_BUSY = 5, SQLITE_LOCKED = 6 (extended codes keep them in the low byte).
+        return matches!(n & 0xff, 5 | 6);
+    }
+    code.starts_with("08") // connection exception
+        || matches!(code, "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300" | "55P03")
+}
+
+/// Shorthand for `.map_err(db_error)`.
+pub(crate) trait DbResultExt<T> {
+    fn db(self) -> Result<T, Error>;
+}
+
+impl<T> DbResultExt<T> for Result<T, sqlx::Error> {
+    fn db(self) -> Result<T, Error> {
+        self.map_err(db_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_serialization_and_connection_errors_are_transient() {
+        assert!(transient_code("5"));
+        assert!(transient_code("517")); // SQLITE_BUSY_SNAPSHOT
+        assert!(transient_code("40001"));
+        assert!(transient_code("08006"));
+        assert!(transient_code("57P01"));
+        assert!(!transient_code("23505")); // unique violation
+        assert!(!transient_code("2067")); // SQLITE_CONSTRAINT_UNIQUE
+        assert!(!transient_code("42P01"));
+        assert!(db_error(sqlx::Error::PoolTimedOut).is_transient());
+        assert!(!db_error(sqlx::Error::RowNotFound).is_transient());
+    }
+}

@@ -1,0 +1,198 @@
+//! Ledger types shared by every backend.
+//!
+//! States of a run key (drawn in docs/ledger.md):
+//!
+//! ```text
+//!   (none) ──claim──▶ running ──finish──▶ done ──claim --force──▶ running
+//!                      │  ▲                                 
+//!                 fail │  │ claim (lease expired or holder dead: resume)
+//!                      ▼  │
+//!                     failed ──claim──▶ running (fresh start)
+//! ```
+//!
+//! `pending` exists for rows created but not yet claimed.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde::Serialize;
+use tidemark_core::Hash128;
+
+/// Who runs an attempt. A holder on the same host whose process is gone is
+/// provably dead, so its lease can be taken over without waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerId {
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Unique per process start.
+    pub instance: String,
+}
+
+impl WorkerId {
+    /// `host:pid:instance`, stored as the lease owner.
+    pub fn owner(&self) -> String {
+        format!("{}:{}:{}", self.host, self.pid, self.instance)
+    }
+}
+
+/// What a claim needs to know.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// Re-run even when done; start from scratch.
+    pub force: bool,
+    /// The pipeline's handler version.
+    pub handler_version: String,
+    /// This worker.
+    pub worker: WorkerId,
+    /// Lease length; renewed by heartbeats.
+    pub lease_ttl: Duration,
+}
+
+/// The right to commit batches for one run key, fenced by the attempt number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Ledger row id.
+    pub run_ref: i64,
+    /// Attempt number: every write checks the ledger still holds it.
+    pub attempt: i64,
+    /// Run id stamped on written rows; kept when an attempt resumes.
+    pub run_id: String,
+    /// Lease owner string.
+    pub owner: String,
+}
+
+/// Row counts of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Records read from the source.
+    pub rows_read: u64,
+    /// Rows inserted.
+    pub rows_inserted: u64,
+    /// Rows updated (changed values, or taken over from another run key).
+    pub rows_updated: u64,
+    /// Rows already present with the same values: not written.
+    pub rows_unchanged: u64,
+    /// Rows deleted or soft-deleted by reconciliation.
+    pub rows_deleted: u64,
+    /// Records rejected (within `max_rejects`).
+    pub rows_rejected: u64,
+}
+
+/// A claimed attempt.
+#[derive(Debug, Clone)]
+pub struct ClaimedRun {
+    /// The lease to fence writes with.
+    pub lease: Lease,
+    /// Where to continue reading, when resuming a crashed attempt.
+    pub resume: Option<serde_json::Value>,
+    /// Counts of the batches already committed by this run.
+    pub counts: Counts,
+    /// Batches already committed by this run.
+    pub batches: i64,
+    /// Natural keys seen by the committed batches of this run.
+    pub seen: HashSet<Hash128>,
+}
+
+/// The outcome of a claim.
+#[derive(Debug, Clone)]
+pub enum Claim {
+    /// Done already; the stored canonical result.
+    Done(serde_json::Value),
+    /// Another live attempt holds the lease.
+    Held {
+        /// Its owner.
+        owner: String,
+        /// When its lease runs out unless renewed.
+        expires_at: String,
+    },
+    /// This worker holds the run key now.
+    Claimed(Box<ClaimedRun>),
+}
+
+/// One ledger row as `status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LedgerEntry {
+    /// Pipeline.
+    pub pipeline: String,
+    /// Source id.
+    pub source: String,
+    /// Export type.
+    pub export_type: String,
+    /// Period start (RFC 3339).
+    pub period_start: String,
+    /// Period end (RFC 3339).
+    pub period_end: String,
+    /// pending, running, done or failed.
+    pub status: String,
+    /// Attempts so far.
+    pub attempts: i64,
+    /// Run id of the latest attempt.
+    pub run_id: Option<String>,
+    /// Counts.
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Error class of the last failure.
+    pub error_class: Option<String>,
+    /// Error message of the last failure.
+    pub error_message: Option<String>,
+    /// When the latest run started.
+    pub started_at: Option<String>,
+    /// When it finished.
+    pub finished_at: Option<String>,
+    /// Handler version of the latest run.
+    pub handler_version: Option<String>,
+    /// Lease owner while running.
+    pub lease_owner: Option<String>,
+    /// Lease expiry while running.
+    pub lease_expires_at: Option<String>,
+}
+
+/// Decodes a `_tm_batches.key_hashes` blob.
+pub(crate) fn decode_hashes(blob: &[u8], into: &mut HashSet<Hash128>) {
+    for chunk in blob.chunks_exact(16) {
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(chunk);
+        into.insert(Hash128(u128::from_be_bytes(bytes)));
+    }
+}
+
+/// Encodes hashes for `_tm_batches.key_hashes`.
+pub(crate) fn encode_hashes<'a>(hashes: impl Iterator<Item = &'a Hash128>) -> Vec<u8> {
+    hashes.flat_map(|h| h.to_bytes()).collect()
+}
+
+/// Whether a lease holder on this host is provably dead: same host, and
+/// no process with its pid exists.
+pub(crate) fn holder_is_dead(holder_host: Option<&str>, holder_pid: Option<i64>, me: &WorkerId) -> bool {
+    match (holder_host, holder_pid) {
+        (Some(host), Some(pid)) if host == me.host => {
+            pid != i64::from(me.pid) && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_round_trip_through_blobs() {
+        let hashes = [Hash128(1), Hash128(u128::MAX), Hash128(0xabc)];
+        let blob = encode_hashes(hashes.iter());
+        let mut set = HashSet::new();
+        decode_hashes(&blob, &mut set);
+        assert_eq!(set, hashes.into_iter().collect());
+    }
+
+    #[test]
+    fn only_gone_processes_on_this_host_are_dead() {
+        let me = WorkerId { host: "h1".into(), pid: std::process::id(), instance: "x".into() };
+        assert!(holder_is_dead(Some("h1"), Some(i64::from(u32::MAX)), &me));
+        assert!(!holder_is_dead(Some("h1"), Some(1), &me)); // pid 1 always exists
+        assert!(!holder_is_dead(Some("h2"), Some(i64::from(u32::MAX)), &me));
+        assert!(!holder_is_dead(Some("h1"), Some(i64::from(me.pid)), &me));
+    }
+}

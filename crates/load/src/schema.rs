@@ -1,0 +1,66 @@
+//! The destination table as the pipeline defines it.
+
+use tidemark_core::spec::OnMissing;
+use tidemark_core::{FieldType, Pipeline};
+
+/// Lineage columns every destination table carries, in table order.
+pub const LINEAGE_COLUMNS: [&str; 6] = [
+    "_tm_source",
+    "_tm_export_type",
+    "_tm_period_start",
+    "_tm_run_id",
+    "_tm_row_hash",
+    "_tm_loaded_at",
+];
+
+/// Set by `on_missing = "soft_delete"`.
+pub const DELETED_AT: &str = "_tm_deleted_at";
+
+/// Columns, types and natural key of a destination table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableSchema {
+    /// Table name (validated as an identifier when the pipeline loaded).
+    pub table: String,
+    /// `[fields]` columns in order.
+    pub columns: Vec<(String, FieldType)>,
+    /// Indices of the natural key columns, in `load.key` order.
+    pub key: Vec<usize>,
+    /// Whether the table needs `_tm_deleted_at`.
+    pub soft_delete: bool,
+}
+
+impl TableSchema {
+    /// The table a pipeline loads into.
+    pub fn from_pipeline(pipeline: &Pipeline) -> TableSchema {
+        let spec = &pipeline.spec;
+        let columns: Vec<(String, FieldType)> = spec.fields.iter().map(|(name, f)| (name.clone(), f.ty)).collect();
+        let key = spec
+            .load
+            .key
+            .iter()
+            .filter_map(|k| columns.iter().position(|(name, _)| name == k))
+            .collect();
+        TableSchema {
+            table: spec.load.table.clone(),
+            columns,
+            key,
+            soft_delete: spec.load.on_missing == OnMissing::SoftDelete,
+        }
+    }
+
+    /// Column types in order.
+    pub fn types(&self) -> Vec<FieldType> {
+        self.columns.iter().map(|(_, ty)| *ty).collect()
+    }
+
+    /// `(name, type)` of each key column.
+    pub fn key_columns(&self) -> impl Iterator<Item = &(String, FieldType)> {
+        self.key.iter().map(|&i| &self.columns[i])
+    }
+}
+
+/// Double-quotes an identifier. Names were validated as `[A-Za-z_][A-Za-z0-9_]*`,
+/// so quoting only guards against reserved words.
+pub(crate) fn quote(name: &str) -> String {
+    format!("\"{name}\"")
+}

@@ -1,0 +1,538 @@
+//! The SQLite backend: the embedded default.
+//!
+//! SQLite allows one writer at a time. Every write transaction here starts
+//! with a write (the fencing `UPDATE` or the ledger `INSERT`), so it takes
+//! the write lock first and waits on the busy timeout instead of failing
+//! with a stale read snapshot.
+
+mod table;
+
+use std::collections::{HashMap, HashSet};
+use std::str::FromStr;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::{Row as _, Sqlite, Transaction};
+use tidemark_core::spec::OnMissing;
+use tidemark_core::{Error, Hash128, RunKey};
+
+use crate::db_error::DbResultExt;
+use crate::ledger::{
+    decode_hashes, encode_hashes, holder_is_dead, Claim, ClaimRequest, ClaimedRun, Counts, LedgerEntry, Lease,
+};
+use crate::schema::TableSchema;
+use crate::writer::{refuse_deletes, result_json, BatchWrite, Lineage, Reconcile, Written};
+use crate::{now_text, timestamp_text};
+
+/// A pool of connections to one SQLite file.
+#[derive(Debug, Clone)]
+pub(crate) struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    pub(crate) async fn connect(url: &str) -> Result<Self, Error> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| Error::config("command line", "--database-url", e.to_string()))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(60))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(120))
+            .connect_with(options)
+            .await
+            .db()?;
+        let store = SqliteStore { pool };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    pub(crate) async fn migrate(&self) -> Result<(), Error> {
+        sqlx::migrate!("../../migrations/sqlite")
+            .run(&self.pool)
+            .await
+            .map_err(|e| Error::Database {
+                message: format!("ledger migration failed: {e}"),
+                transient: false,
+            })
+    }
+
+    pub(crate) async fn ensure_table(&self, schema: &TableSchema) -> Result<(), Error> {
+        table::ensure_table(&self.pool, schema).await
+    }
+
+    pub(crate) async fn claim(&self, key: &RunKey, request: &ClaimRequest) -> Result<Claim, Error> {
+        let now = chrono::Utc::now();
+        let now_s = timestamp_text(now);
+        let mut tx = self.pool.begin().await.db()?;
+        sqlx::query(
+            "INSERT INTO _tm_runs (pipeline, source, export_type, period_start, period_end, created_at, updated_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (pipeline, source, export_type, period_start) DO NOTHING",
+        )
+        .bind(&key.pipeline)
+        .bind(&key.source)
+        .bind(&key.export_type)
+        .bind(key.period.start_rfc3339())
+        .bind(key.period.end_rfc3339())
+        .bind(&now_s)
+        .bind(&now_s)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+        let row = sqlx::query(
+            "SELECT id, status, attempt, run_id, lease_owner, lease_host, lease_pid, lease_expires_at,
+                    checkpoint, batches, result, rows_read, rows_inserted, rows_updated, rows_unchanged,
+                    rows_deleted, rows_rejected
+             FROM _tm_runs WHERE pipeline = ? AND source = ? AND export_type = ? AND period_start = ?",
+        )
+        .bind(&key.pipeline)
+        .bind(&key.source)
+        .bind(&key.export_type)
+        .bind(key.period.start_rfc3339())
+        .fetch_one(&mut *tx)
+        .await
+        .db()?;
+        let run_ref: i64 = row.get("id");
+        let status: String = row.get("status");
+        if status == "done" && !request.force {
+            let result: Option<String> = row.get("result");
+            let result = result.and_then(|r| serde_json::from_str(&r).ok()).unwrap_or_default();
+            return Ok(Claim::Done(result));
+        }
+        if status == "running" {
+            let expires: Option<String> = row.get("lease_expires_at");
+            let live = expires
+                .as_deref()
+                .and_then(|e| chrono::DateTime::parse_from_rfc3339(e).ok())
+                .is_some_and(|e| e > now);
+            let host: Option<String> = row.get("lease_host");
+            let pid: Option<i64> = row.get("lease_pid");
+            if live && !holder_is_dead(host.as_deref(), pid, &request.worker) {
+                return Ok(Claim::Held {
+                    owner: row.get::<Option<String>, _>("lease_owner").unwrap_or_default(),
+                    expires_at: expires.unwrap_or_default(),
+                });
+            }
+            sqlx::query("UPDATE _tm_attempts SET status = 'lost', finished_at = ? WHERE run_ref = ? AND status = 'running'")
+                .bind(&now_s)
+                .bind(run_ref)
+                .execute(&mut *tx)
+                .await
+                .db()?;
+        }
+        let checkpoint: Option<String> = row.get("checkpoint");
+        let previous_run_id: Option<String> = row.get("run_id");
+        let resume = match (status.as_str(), request.force, checkpoint, previous_run_id) {
+            ("running", false, Some(cp), Some(run_id)) => serde_json::from_str(&cp).ok().map(|cp| (cp, run_id)),
+            _ => None,
+        };
+        let attempt: i64 = row.get::<i64, _>("attempt") + 1;
+        let lease_expires = timestamp_text(now + chrono::Duration::from_std(request.lease_ttl).unwrap_or_default());
+        let (run_id, counts, batches, seen, resume_cp) = match resume {
+            Some((cp, run_id)) => {
+                let seen = load_seen(&mut tx, run_ref, &run_id).await?;
+                (run_id, counts_of(&row), row.get::<i64, _>("batches"), seen, Some(cp))
+            }
+            None => {
+                sqlx::query("DELETE FROM _tm_batches WHERE run_ref = ?")
+                    .bind(run_ref)
+                    .execute(&mut *tx)
+                    .await
+                    .db()?;
+                (new_run_id(), Counts::default(), 0, HashSet::new(), None)
+            }
+        };
+        let fresh = resume_cp.is_none();
+        sqlx::query(
+            "UPDATE _tm_runs SET status = 'running', attempt = ?, run_id = ?, lease_owner = ?, lease_host = ?,
+                    lease_pid = ?, lease_expires_at = ?, checkpoint = CASE WHEN ? THEN NULL ELSE checkpoint END,
+                    batches = ?, rows_read = ?, rows_inserted = ?, rows_updated = ?, rows_unchanged = ?,
+                    rows_deleted = ?, rows_rejected = ?, error_class = NULL, error_message = NULL, result = NULL,
+                    handler_version = ?, started_at = CASE WHEN ? THEN ? ELSE started_at END,
+                    finished_at = NULL, updated_at = ?
+             WHERE id = ?",
+        )
+        .bind(attempt)
+        .bind(&run_id)
+        .bind(request.worker.owner())
+        .bind(&request.worker.host)
+        .bind(i64::from(request.worker.pid))
+        .bind(&lease_expires)
+        .bind(fresh)
+        .bind(batches)
+        .bind(to_i64(counts.rows_read))
+        .bind(to_i64(counts.rows_inserted))
+        .bind(to_i64(counts.rows_updated))
+        .bind(to_i64(counts.rows_unchanged))
+        .bind(to_i64(counts.rows_deleted))
+        .bind(to_i64(counts.rows_rejected))
+        .bind(&request.handler_version)
+        .bind(fresh)
+        .bind(&now_s)
+        .bind(&now_s)
+        .bind(run_ref)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+        sqlx::query(
+            "INSERT INTO _tm_attempts (run_ref, attempt, run_id, worker, status, resumed, started_at)
+             VALUES (?, ?, ?, ?, 'running', ?, ?)",
+        )
+        .bind(run_ref)
+        .bind(attempt)
+        .bind(&run_id)
+        .bind(request.worker.owner())
+        .bind(!fresh)
+        .bind(&now_s)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+        tx.commit().await.db()?;
+        Ok(Claim::Claimed(Box::new(ClaimedRun {
+            lease: Lease {
+                run_ref,
+                attempt,
+                run_id,
+                owner: request.worker.owner(),
+            },
+            resume: resume_cp,
+            counts,
+            batches,
+            seen,
+        })))
+    }
+
+    pub(crate) async fn heartbeat(&self, lease: &Lease, ttl: Duration) -> Result<bool, Error> {
+        let expires = timestamp_text(chrono::Utc::now() + chrono::Duration::from_std(ttl).unwrap_or_default());
+        let done = sqlx::query(
+            "UPDATE _tm_runs SET lease_expires_at = ? WHERE id = ? AND attempt = ? AND status = 'running'",
+        )
+        .bind(expires)
+        .bind(lease.run_ref)
+        .bind(lease.attempt)
+        .execute(&self.pool)
+        .await
+        .db()?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub(crate) async fn mark_failed(&self, lease: &Lease, counts: &Counts, error: &Error) -> Result<(), Error> {
+        let now = now_text();
+        let mut tx = self.pool.begin().await.db()?;
+        let updated = sqlx::query(
+            "UPDATE _tm_runs SET status = 'failed', error_class = ?, error_message = ?, finished_at = ?,
+                    lease_owner = NULL, lease_host = NULL, lease_pid = NULL, lease_expires_at = NULL, updated_at = ?
+             WHERE id = ? AND attempt = ? AND status = 'running'",
+        )
+        .bind(error.class().as_str())
+        .bind(error.to_string())
+        .bind(&now)
+        .bind(&now)
+        .bind(lease.run_ref)
+        .bind(lease.attempt)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+        if updated.rows_affected() == 1 {
+            finish_attempt(&mut tx, lease, "failed", counts, Some(error), &now).await?;
+        }
+        tx.commit().await.db()
+    }
+
+    pub(crate) async fn restart_fresh(&self, lease: &Lease) -> Result<(), Error> {
+        let mut tx = self.pool.begin().await.db()?;
+        fence(&mut tx, lease).await?;
+        sqlx::query(
+            "UPDATE _tm_runs SET checkpoint = NULL, batches = 0, rows_read = 0, rows_inserted = 0, rows_updated = 0,
+                    rows_unchanged = 0, rows_deleted = 0, rows_rejected = 0 WHERE id = ?",
+        )
+        .bind(lease.run_ref)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+        sqlx::query("DELETE FROM _tm_batches WHERE run_ref = ?")
+            .bind(lease.run_ref)
+            .execute(&mut *tx)
+            .await
+            .db()?;
+        tx.commit().await.db()
+    }
+
+    pub(crate) async fn status(&self, pipeline: &str, period_start: Option<&str>) -> Result<Vec<LedgerEntry>, Error> {
+        let rows = sqlx::query(
+            "SELECT * FROM _tm_runs WHERE pipeline = ? AND (? IS NULL OR period_start = ?)
+             ORDER BY period_start, source, export_type",
+        )
+        .bind(pipeline)
+        .bind(period_start)
+        .bind(period_start)
+        .fetch_all(&self.pool)
+        .await
+        .db()?;
+        Ok(rows.iter().map(entry_of).collect())
+    }
+
+    pub(crate) async fn prune(&self, age: Duration) -> Result<(u64, u64), Error> {
+        let cutoff = timestamp_text(chrono::Utc::now() - chrono::Duration::from_std(age).unwrap_or_default());
+        let attempts = sqlx::query("DELETE FROM _tm_attempts WHERE finished_at IS NOT NULL AND finished_at < ?")
+            .bind(&cutoff)
+            .execute(&self.pool)
+            .await
+            .db()?;
+        let rejects = sqlx::query("DELETE FROM _tm_rejects WHERE created_at < ?")
+            .bind(&cutoff)
+            .execute(&self.pool)
+            .await
+            .db()?;
+        Ok((attempts.rows_affected(), rejects.rows_affected()))
+    }
+
+    pub(crate) async fn existing_hashes(
+        &self,
+        schema: &TableSchema,
+        lineage: &Lineage,
+    ) -> Result<HashMap<Hash128, Hash128>, Error> {
+        let sql = format!(
+            "SELECT {}, _tm_row_hash FROM {} WHERE {}",
+            table::key_list(schema),
+            crate::schema::quote(&schema.table),
+            table::live_rows_of_run_key(schema)
+        );
+        let mut rows = sqlx::query(&sql)
+            .bind(&lineage.source)
+            .bind(&lineage.export_type)
+            .bind(&lineage.period_start)
+            .fetch(&self.pool);
+        let mut map = HashMap::new();
+        while let Some(row) = rows.try_next().await.db()? {
+            let key = table::key_hash_of(schema, &row)?;
+            let hash: String = row.try_get("_tm_row_hash").db()?;
+            if let Some(hash) = Hash128::from_hex(&hash) {
+                map.insert(key, hash);
+            }
+        }
+        Ok(map)
+    }
+
+    pub(crate) async fn apply_batch(
+        &self,
+        lease: &Lease,
+        schema: &TableSchema,
+        lineage: &Lineage,
+        batch: &BatchWrite<'_>,
+    ) -> Result<Vec<Written>, Error> {
+        let loaded_at = now_text();
+        let mut tx = self.pool.begin().await.db()?;
+        fence(&mut tx, lease).await?;
+        let stamp = table::Stamp {
+            lineage,
+            run_id: &lease.run_id,
+            loaded_at: &loaded_at,
+        };
+        let mut outcomes = Vec::with_capacity(batch.rows.len());
+        for (row, write) in &batch.rows {
+            outcomes.push(table::write_row(&mut tx, schema, &stamp, row, *write).await?);
+        }
+        for reject in batch.rejects {
+            table::insert_reject(&mut tx, lineage, &lease.run_id, reject, &loaded_at).await?;
+        }
+        sqlx::query("INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES (?, ?, ?, ?)")
+            .bind(lease.run_ref)
+            .bind(&lease.run_id)
+            .bind(batch.batch_no)
+            .bind(encode_hashes(batch.keys.iter()))
+            .execute(&mut *tx)
+            .await
+            .db()?;
+        let mut counts = batch.counts;
+        for outcome in &outcomes {
+            match outcome {
+                Written::Inserted => counts.rows_inserted += 1,
+                Written::Updated => counts.rows_updated += 1,
+                Written::Unchanged => counts.rows_unchanged += 1,
+            }
+        }
+        save_progress(&mut tx, lease, &counts, Some(batch.checkpoint), batch.batch_no).await?;
+        tx.commit().await.db()?;
+        Ok(outcomes)
+    }
+
+    pub(crate) async fn finish(
+        &self,
+        lease: &Lease,
+        schema: &TableSchema,
+        lineage: &Lineage,
+        seen: &HashSet<Hash128>,
+        reconcile: &Reconcile,
+        mut counts: Counts,
+    ) -> Result<serde_json::Value, Error> {
+        let now = now_text();
+        let mut tx = self.pool.begin().await.db()?;
+        fence(&mut tx, lease).await?;
+        if reconcile.on_missing != OnMissing::Keep {
+            let (live, vanished) = table::vanished_rows(&mut tx, schema, lineage, seen).await?;
+            if let Some(why) = refuse_deletes(vanished.len() as u64, live, counts.rows_read, reconcile) {
+                return Err(Error::Invariant(why));
+            }
+            counts.rows_deleted = table::delete_rows(&mut tx, schema, reconcile.on_missing, &vanished, &now).await?;
+        }
+        let result = result_json(lineage, lease, &counts, &now);
+        save_progress(&mut tx, lease, &counts, None, 0).await?;
+        sqlx::query(
+            "UPDATE _tm_runs SET status = 'done', result = ?, finished_at = ?, checkpoint = NULL, lease_owner = NULL,
+                    lease_host = NULL, lease_pid = NULL, lease_expires_at = NULL WHERE id = ?",
+        )
+        .bind(result.to_string())
+        .bind(&now)
+        .bind(lease.run_ref)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+        finish_attempt(&mut tx, lease, "done", &counts, None, &now).await?;
+        sqlx::query("DELETE FROM _tm_batches WHERE run_ref = ?")
+            .bind(lease.run_ref)
+            .execute(&mut *tx)
+            .await
+            .db()?;
+        tx.commit().await.db()?;
+        Ok(result)
+    }
+}
+
+/// The fencing check, and the first write of every batch transaction: the
+/// ledger must still hold this attempt, running.
+async fn fence(tx: &mut Transaction<'_, Sqlite>, lease: &Lease) -> Result<(), Error> {
+    let held = sqlx::query("UPDATE _tm_runs SET updated_at = ? WHERE id = ? AND attempt = ? AND status = 'running'")
+        .bind(now_text())
+        .bind(lease.run_ref)
+        .bind(lease.attempt)
+        .execute(&mut **tx)
+        .await
+        .db()?;
+    if held.rows_affected() == 1 {
+        Ok(())
+    } else {
+        Err(Error::LeaseLost(format!(
+            "attempt {} no longer holds the run key (another attempt took it over)",
+            lease.attempt
+        )))
+    }
+}
+
+async fn save_progress(
+    tx: &mut Transaction<'_, Sqlite>,
+    lease: &Lease,
+    counts: &Counts,
+    checkpoint: Option<&serde_json::Value>,
+    batches: i64,
+) -> Result<(), Error> {
+    sqlx::query(
+        "UPDATE _tm_runs SET checkpoint = COALESCE(?, checkpoint), batches = MAX(batches, ?), rows_read = ?,
+                rows_inserted = ?, rows_updated = ?, rows_unchanged = ?, rows_deleted = ?, rows_rejected = ?
+         WHERE id = ?",
+    )
+    .bind(checkpoint.map(serde_json::Value::to_string))
+    .bind(batches)
+    .bind(to_i64(counts.rows_read))
+    .bind(to_i64(counts.rows_inserted))
+    .bind(to_i64(counts.rows_updated))
+    .bind(to_i64(counts.rows_unchanged))
+    .bind(to_i64(counts.rows_deleted))
+    .bind(to_i64(counts.rows_rejected))
+    .bind(lease.run_ref)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}
+
+async fn finish_attempt(
+    tx: &mut Transaction<'_, Sqlite>,
+    lease: &Lease,
+    status: &str,
+    counts: &Counts,
+    error: Option<&Error>,
+    now: &str,
+) -> Result<(), Error> {
+    sqlx::query(
+        "UPDATE _tm_attempts SET status = ?, rows_read = ?, rows_inserted = ?, rows_updated = ?, rows_unchanged = ?,
+                rows_deleted = ?, rows_rejected = ?, error_class = ?, error_message = ?, finished_at = ?
+         WHERE run_ref = ? AND attempt = ?",
+    )
+    .bind(status)
+    .bind(to_i64(counts.rows_read))
+    .bind(to_i64(counts.rows_inserted))
+    .bind(to_i64(counts.rows_updated))
+    .bind(to_i64(counts.rows_unchanged))
+    .bind(to_i64(counts.rows_deleted))
+    .bind(to_i64(counts.rows_rejected))
+    .bind(error.map(|e| e.class().as_str()))
+    .bind(error.map(ToString::to_string))
+    .bind(now)
+    .bind(lease.run_ref)
+    .bind(lease.attempt)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}
+
+async fn load_seen(tx: &mut Transaction<'_, Sqlite>, run_ref: i64, run_id: &str) -> Result<HashSet<Hash128>, Error> {
+    let mut seen = HashSet::new();
+    let mut rows = sqlx::query("SELECT key_hashes FROM _tm_batches WHERE run_ref = ? AND run_id = ?")
+        .bind(run_ref)
+        .bind(run_id)
+        .fetch(&mut **tx);
+    while let Some(row) = rows.try_next().await.db()? {
+        let blob: Vec<u8> = row.try_get(0).db()?;
+        decode_hashes(&blob, &mut seen);
+    }
+    Ok(seen)
+}
+
+fn counts_of(row: &SqliteRow) -> Counts {
+    let get = |name: &str| u64::try_from(row.get::<i64, _>(name)).unwrap_or(0);
+    Counts {
+        rows_read: get("rows_read"),
+        rows_inserted: get("rows_inserted"),
+        rows_updated: get("rows_updated"),
+        rows_unchanged: get("rows_unchanged"),
+        rows_deleted: get("rows_deleted"),
+        rows_rejected: get("rows_rejected"),
+    }
+}
+
+fn entry_of(row: &SqliteRow) -> LedgerEntry {
+    LedgerEntry {
+        pipeline: row.get("pipeline"),
+        source: row.get("source"),
+        export_type: row.get("export_type"),
+        period_start: row.get("period_start"),
+        period_end: row.get("period_end"),
+        status: row.get("status"),
+        attempts: row.get("attempt"),
+        run_id: row.get("run_id"),
+        counts: counts_of(row),
+        error_class: row.get("error_class"),
+        error_message: row.get("error_message"),
+        started_at: row.get("started_at"),
+        finished_at: row.get("finished_at"),
+        handler_version: row.get("handler_version"),
+        lease_owner: row.get("lease_owner"),
+        lease_expires_at: row.get("lease_expires_at"),
+    }
+}
+
+fn new_run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Counts are u64 in Rust and INTEGER (i64) in SQL; no count reaches 2^63.
+pub(crate) fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}

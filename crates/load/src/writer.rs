@@ -1,0 +1,259 @@
+//! Writing one run's batches: skip what did not change, fence every commit,
+//! reconcile what vanished.
+//!
+//! At the start of an attempt the writer reads `(natural key hash, row
+//! hash)` of every live row of the run key. A typed row whose hash matches
+//! is not written at all: an unchanged re-sync issues no row writes. The
+//! natural keys of every batch are stored with the batch, so a resumed
+//! attempt still knows every key the run has seen and reconciliation can
+//! tell vanished rows from rows read before a crash.
+
+use std::collections::{HashMap, HashSet};
+
+use tidemark_core::spec::OnMissing;
+use tidemark_core::{Error, Hash128, Row, RunKey};
+
+use crate::ledger::{ClaimedRun, Counts, Lease};
+use crate::schema::TableSchema;
+use crate::{Backend, Store};
+
+/// A rejected record, kept in `_tm_rejects`.
+#[derive(Debug, Clone)]
+pub struct Reject {
+    /// Where it came from.
+    pub location: String,
+    /// The field at fault, when known.
+    pub field: Option<String>,
+    /// The raw value at fault.
+    pub value: Option<String>,
+    /// Why it was rejected.
+    pub reason: String,
+    /// The raw record.
+    pub record: serde_json::Value,
+}
+
+/// How the final reconciliation treats rows that vanished from the source.
+#[derive(Debug, Clone, Copy)]
+pub struct Reconcile {
+    /// keep, delete or soft_delete.
+    pub on_missing: OnMissing,
+    /// Refuse when more than this fraction of the run key's rows would go.
+    pub max_delete_fraction: f64,
+    /// The operator's `--force-deletes`.
+    pub force_deletes: bool,
+}
+
+/// How a row is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// The run key holds this key with other values: update in place.
+    Update,
+    /// Not in this run key: insert, or take it over from another run key.
+    Upsert,
+}
+
+/// What one row's write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    Inserted,
+    Updated,
+    Unchanged,
+}
+
+/// The run key's identity as stored in lineage columns.
+#[derive(Debug, Clone)]
+pub(crate) struct Lineage {
+    pub pipeline: String,
+    pub source: String,
+    pub export_type: String,
+    pub period_start: String,
+    pub period_end: String,
+}
+
+/// One batch, ready to commit.
+pub(crate) struct BatchWrite<'a> {
+    pub rows: Vec<(&'a Row, Write)>,
+    pub keys: Vec<Hash128>,
+    pub rejects: &'a [Reject],
+    pub checkpoint: &'a serde_json::Value,
+    pub counts: Counts,
+    pub batch_no: i64,
+}
+
+/// Writes the batches of one claimed run.
+#[derive(Debug)]
+pub struct RunWriter {
+    store: Store,
+    schema: TableSchema,
+    lease: Lease,
+    lineage: Lineage,
+    existing: HashMap<Hash128, Hash128>,
+    seen: HashSet<Hash128>,
+    counts: Counts,
+    batches: i64,
+}
+
+impl RunWriter {
+    pub(crate) async fn start(store: Store, schema: TableSchema, run: &ClaimedRun, key: &RunKey) -> Result<Self, Error> {
+        let lineage = Lineage {
+            pipeline: key.pipeline.clone(),
+            source: key.source.clone(),
+            export_type: key.export_type.clone(),
+            period_start: key.period.start_rfc3339(),
+            period_end: key.period.end_rfc3339(),
+        };
+        let existing = match &store.backend {
+            Backend::Sqlite(s) => s.existing_hashes(&schema, &lineage).await?,
+        };
+        tracing::debug!(existing = existing.len(), seen = run.seen.len(), "writer ready");
+        Ok(RunWriter {
+            store,
+            schema,
+            lease: run.lease.clone(),
+            lineage,
+            existing,
+            seen: run.seen.clone(),
+            counts: run.counts,
+            batches: run.batches,
+        })
+    }
+
+    /// Counts so far.
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// Whether an earlier committed batch of this run had this key.
+    pub fn was_seen(&self, key: Hash128) -> bool {
+        self.seen.contains(&key)
+    }
+
+    /// Commits one batch: changed rows, the batch's keys, rejects, counts
+    /// and checkpoint, in one fenced transaction. On error nothing changed,
+    /// so the same call may be retried.
+    pub async fn write_batch(
+        &mut self,
+        rows: &[Row],
+        rejects: &[Reject],
+        rows_read: u64,
+        checkpoint: &serde_json::Value,
+    ) -> Result<(), Error> {
+        let mut unchanged = 0u64;
+        let mut writes = Vec::with_capacity(rows.len());
+        for row in rows {
+            match self.existing.get(&row.key_hash) {
+                Some(hash) if *hash == row.row_hash => unchanged += 1,
+                Some(_) => writes.push((row, Write::Update)),
+                None => writes.push((row, Write::Upsert)),
+            }
+        }
+        let mut counts = self.counts;
+        counts.rows_read += rows_read;
+        counts.rows_unchanged += unchanged;
+        counts.rows_rejected += rejects.len() as u64;
+        let batch = BatchWrite {
+            rows: writes,
+            keys: rows.iter().map(|r| r.key_hash).collect(),
+            rejects,
+            checkpoint,
+            counts,
+            batch_no: self.batches + 1,
+        };
+        let outcomes = match &self.store.backend {
+            Backend::Sqlite(s) => s.apply_batch(&self.lease, &self.schema, &self.lineage, &batch).await?,
+        };
+        // Committed: only now does in-memory state move forward.
+        let mut counts = batch.counts;
+        for outcome in &outcomes {
+            match outcome {
+                Written::Inserted => counts.rows_inserted += 1,
+                Written::Updated => counts.rows_updated += 1,
+                Written::Unchanged => counts.rows_unchanged += 1,
+            }
+        }
+        self.counts = counts;
+        self.batches = batch.batch_no;
+        for row in rows {
+            self.existing.insert(row.key_hash, row.row_hash);
+            self.seen.insert(row.key_hash);
+        }
+        Ok(())
+    }
+
+    /// Reconciles vanished rows per `reconcile` and marks the run done, in
+    /// one fenced transaction. Returns the canonical result.
+    pub async fn finish(&mut self, reconcile: &Reconcile) -> Result<serde_json::Value, Error> {
+        let result = match &self.store.backend {
+            Backend::Sqlite(s) => {
+                s.finish(&self.lease, &self.schema, &self.lineage, &self.seen, reconcile, self.counts)
+                    .await?
+            }
+        };
+        if let Some(deleted) = result.get("rows_deleted").and_then(serde_json::Value::as_u64) {
+            self.counts.rows_deleted = deleted;
+        }
+        Ok(result)
+    }
+}
+
+/// The canonical result of a done run, stored in the ledger and printed on
+/// a re-run.
+pub(crate) fn result_json(lineage: &Lineage, lease: &Lease, counts: &Counts, finished_at: &str) -> serde_json::Value {
+    let mut result = serde_json::json!({
+        "pipeline": lineage.pipeline,
+        "source": lineage.source,
+        "export_type": lineage.export_type,
+        "period_start": lineage.period_start,
+        "period_end": lineage.period_end,
+        "status": "done",
+        "attempts": lease.attempt,
+        "run_id": lease.run_id,
+        "finished_at": finished_at,
+    });
+    if let (Some(map), Ok(serde_json::Value::Object(c))) = (result.as_object_mut(), serde_json::to_value(counts)) {
+        map.extend(c);
+    }
+    result
+}
+
+/// Whether a reconciliation deleting `to_delete` of `live` rows must be
+/// refused. An empty source may never wipe a period unless forced.
+pub(crate) fn refuse_deletes(to_delete: u64, live: u64, rows_read: u64, reconcile: &Reconcile) -> Option<String> {
+    if to_delete == 0 || reconcile.force_deletes {
+        return None;
+    }
+    if rows_read == 0 {
+        return Some(format!(
+            "refused to delete all {to_delete} rows of this period because the source returned no records; re-run with --force-deletes if that is intended"
+        ));
+    }
+    #[allow(clippy::cast_precision_loss)] // a ratio of row counts
+    let fraction = to_delete as f64 / live.max(1) as f64;
+    (fraction > reconcile.max_delete_fraction).then(|| {
+        format!(
+            "refused to delete {to_delete} of {live} rows ({:.0}%), more than load.max_delete_fraction = {}; re-run with --force-deletes if that is intended",
+            fraction * 100.0,
+            reconcile.max_delete_fraction
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(fraction: f64, force: bool) -> Reconcile {
+        Reconcile { on_missing: OnMissing::Delete, max_delete_fraction: fraction, force_deletes: force }
+    }
+
+    #[test]
+    fn delete_guard() {
+        assert!(refuse_deletes(0, 10, 0, &rec(0.5, false)).is_none());
+        assert!(refuse_deletes(5, 10, 5, &rec(0.5, false)).is_none());
+        assert!(refuse_deletes(6, 10, 4, &rec(0.5, false)).is_some());
+        assert!(refuse_deletes(6, 10, 4, &rec(0.5, true)).is_none());
+        // An empty source never wipes a period, whatever the fraction allows.
+        assert!(refuse_deletes(10, 10, 0, &rec(1.0, false)).unwrap().contains("no records"));
+        assert!(refuse_deletes(10, 10, 0, &rec(1.0, true)).is_none());
+    }
+}
