@@ -1,1 +1,7 @@
-mod e2e {}
+//! End-to-end tests of the `tidemark` binary against real databases.
+//! One test binary (faster to link); each area is a module.
+
+mod support;
+
+mod foundation;
+mod http;

@@ -1,0 +1,519 @@
+//! `transport = "file"`: records from the files a path glob matches.
+//!
+//! The path template is rendered for the period, resolved against the
+//! pipeline file's folder and expanded as a glob. Matches are read in path
+//! order, so a checkpoint (file index, file path, records consumed in it)
+//! means the same thing on every attempt as long as the files do not change.
+//!
+//! CSV and NDJSON files are streamed: the reader holds one batch and one
+//! decoder buffer, however large the file. A `json` file is one document, so
+//! it is parsed whole, one file at a time; its records are then handed out
+//! in batches like the others.
+//!
+//! All file I/O is blocking and runs on tokio's blocking pool, so a slow
+//! disk or a FIFO that waits for its writer never stalls other periods.
+
+mod csv_file;
+mod json_file;
+mod ndjson_file;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tidemark_core::spec::{FileSourceSpec, Format, MissingPolicy};
+use tidemark_core::template::{Template, TemplateContext};
+use tidemark_core::{Error, Period, Pipeline, RawRecord};
+use tracing::debug;
+
+use crate::{Batch, Checkpoint};
+use csv_file::CsvCursor;
+use json_file::JsonCursor;
+use ndjson_file::NdjsonCursor;
+
+/// The checkpoint format's version; bump it when its meaning changes.
+const CHECKPOINT_VERSION: u32 = 1;
+/// The checkpoint's `kind`, so another transport's checkpoint is refused.
+const CHECKPOINT_KIND: &str = "file";
+/// Records preallocated per batch: enough to avoid regrowth for common
+/// sizes without reserving a huge `batch_size` up front.
+const PREALLOCATE_RECORDS: usize = 4096;
+
+/// Reads the files of one `transport = "file"` source for one period.
+///
+/// After an error the reader is fused: every later call returns that error,
+/// so a caller cannot skip past a bad record by accident.
+pub struct FileReader {
+    source: String,
+    state: Option<Box<State>>,
+    failed: Option<Error>,
+}
+
+impl fmt::Debug for FileReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("FileReader");
+        d.field("source", &self.source);
+        if let Some(state) = &self.state {
+            d.field("files", &state.files.len())
+                .field("file_index", &state.index);
+        }
+        d.field("failed", &self.failed.is_some()).finish()
+    }
+}
+
+impl FileReader {
+    /// Matches the source's files for `period` and positions the reader at
+    /// the start, or just after `resume`.
+    ///
+    /// Fails with a permanent source error when nothing matches and
+    /// `missing = "error"`, and with [`Error::Invariant`] when `resume` does
+    /// not fit the files now matched (the caller then starts the period
+    /// over).
+    pub async fn open(
+        pipeline: &Pipeline,
+        spec: &FileSourceSpec,
+        period: &Period,
+        resume: Option<&Checkpoint>,
+    ) -> Result<FileReader, Error> {
+        let decoder = Decoder::from_spec(pipeline, spec)?;
+        let pattern = FilePattern::render(pipeline, spec, period)?;
+        let shown = pattern.shown.clone();
+        let files = run_blocking(move || pattern.expand()).await??;
+        debug!(source = %spec.id, pattern = %shown, files = files.len(), "matched files");
+        if files.is_empty() && spec.missing == MissingPolicy::Error {
+            return Err(Error::source_permanent(format!("no file matches {shown}")));
+        }
+        let mut state = Box::new(State {
+            files,
+            decoder,
+            batch_size: pipeline.spec.load.batch_size,
+            index: 0,
+            cursor: None,
+        });
+        if let Some(resume) = resume {
+            let position = Position::from_checkpoint(resume, &state.files)?;
+            debug!(source = %spec.id, file_index = position.file_index, records = position.records, "resuming");
+            let (back, seeked) = with_state(state, move |s| s.seek(&position)).await?;
+            seeked?;
+            state = back;
+        }
+        Ok(FileReader {
+            source: spec.id.clone(),
+            state: Some(state),
+            failed: None,
+        })
+    }
+
+    /// The next batch of at most `load.batch_size` records, or `None` once
+    /// every file is exhausted. A batch may span several files.
+    pub async fn next_batch(&mut self) -> Result<Option<Batch>, Error> {
+        if let Some(err) = &self.failed {
+            return Err(err.clone());
+        }
+        let result = self.read_batch().await;
+        match &result {
+            Ok(Some(batch)) => {
+                debug!(source = %self.source, records = batch.records.len(), "read batch")
+            }
+            Ok(None) => debug!(source = %self.source, "source exhausted"),
+            Err(err) => self.failed = Some(err.clone()),
+        }
+        result
+    }
+
+    async fn read_batch(&mut self) -> Result<Option<Batch>, Error> {
+        let Some(state) = self.state.take() else {
+            return Err(Error::source_permanent(format!(
+                "source {}: the file reader was interrupted during an earlier read; open it again",
+                self.source
+            )));
+        };
+        let (state, result) = with_state(state, State::read_batch).await?;
+        self.state = Some(state);
+        result
+    }
+}
+
+/// Runs `work` on the reader state on the blocking pool and hands the state
+/// back with the work's result. The outer error means the task died and
+/// took the state with it.
+async fn with_state<T: Send + 'static>(
+    mut state: Box<State>,
+    work: impl FnOnce(&mut State) -> Result<T, Error> + Send + 'static,
+) -> Result<(Box<State>, Result<T, Error>), Error> {
+    run_blocking(move || {
+        let result = work(&mut state);
+        (state, result)
+    })
+    .await
+}
+
+/// Runs blocking work on tokio's blocking pool, inside the caller's span so
+/// its log lines keep the run's context.
+async fn run_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Error> {
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(work))
+        .await
+        .map_err(|e| Error::source_permanent(format!("file reading task failed: {e}")))
+}
+
+/// The rendered path glob: the pattern to expand and a copy safe to show
+/// (environment values redacted).
+struct FilePattern {
+    pattern: String,
+    shown: String,
+}
+
+impl FilePattern {
+    /// Renders `spec.path` for `period` and anchors a relative result at the
+    /// pipeline file's folder. That folder is escaped, so glob characters in
+    /// its name (`exports[old]`) are taken literally.
+    fn render(
+        pipeline: &Pipeline,
+        spec: &FileSourceSpec,
+        period: &Period,
+    ) -> Result<FilePattern, Error> {
+        let key = format!("sources.{}.path", spec.id);
+        let config = |message: String| Error::config(pipeline.file_name(), &key, message);
+        let template = Template::parse(&spec.path).map_err(&config)?;
+        let ctx = TemplateContext {
+            period,
+            source_id: &spec.id,
+            pipeline: &pipeline.spec.name,
+        };
+        let rendered = template.render(&ctx).map_err(|e| config(e.to_string()))?;
+        let redacted = template.render_redacted(&ctx);
+        let (pattern, shown) = if Path::new(&rendered).is_absolute() {
+            (rendered, redacted)
+        } else {
+            let base = pipeline.base_dir.to_string_lossy();
+            let escaped = glob::Pattern::escape(&base);
+            (join(&escaped, &rendered), join(&base, &redacted))
+        };
+        glob::Pattern::new(&pattern)
+            .map_err(|e| config(format!("invalid file pattern {shown}: {e}")))?;
+        Ok(FilePattern { pattern, shown })
+    }
+
+    /// The matching regular files and FIFOs, sorted by path. Directories
+    /// and dangling links are skipped: they cannot hold records.
+    fn expand(&self) -> Result<Vec<SourceFile>, Error> {
+        let options = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: true,
+        };
+        let paths = glob::glob_with(&self.pattern, options).map_err(|e| {
+            Error::source_permanent(format!("invalid file pattern {}: {e}", self.shown))
+        })?;
+        let mut files = Vec::new();
+        for entry in paths {
+            let path = entry
+                .map_err(|e| io_error("cannot list", &e.path().display().to_string(), e.error()))?;
+            match std::fs::metadata(&path) {
+                Ok(meta) if is_readable_kind(&meta.file_type()) => {
+                    files.push(SourceFile::new(path))
+                }
+                Ok(_) => debug!(path = %path.display(), "skipping: not a regular file or FIFO"),
+                Err(err) => debug!(path = %path.display(), error = %err, "skipping: cannot stat"),
+            }
+        }
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(files)
+    }
+}
+
+fn join(base: &str, rest: &str) -> String {
+    Path::new(base).join(rest).to_string_lossy().into_owned()
+}
+
+/// Regular files and FIFOs only. A FIFO is never sized or seeked: tests and
+/// operators use one to feed a run slowly.
+fn is_readable_kind(kind: &std::fs::FileType) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        kind.is_file() || kind.is_fifo()
+    }
+    #[cfg(not(unix))]
+    {
+        kind.is_file()
+    }
+}
+
+/// One matched file and its name as shown in origins, errors and checkpoints.
+#[derive(Debug)]
+struct SourceFile {
+    path: PathBuf,
+    name: Arc<str>,
+}
+
+impl SourceFile {
+    fn new(path: PathBuf) -> SourceFile {
+        let name = Arc::from(path.display().to_string());
+        SourceFile { path, name }
+    }
+
+    fn open(&self) -> Result<File, Error> {
+        debug!(file = %self.name, "opening file");
+        File::open(&self.path).map_err(|e| io_error("cannot open", &self.name, &e))
+    }
+}
+
+/// How the source's files are decoded.
+#[derive(Debug, Clone)]
+enum Decoder {
+    Csv { delimiter: u8 },
+    Ndjson,
+    Json { pointer: String },
+}
+
+impl Decoder {
+    fn from_spec(pipeline: &Pipeline, spec: &FileSourceSpec) -> Result<Decoder, Error> {
+        Ok(match spec.format {
+            Format::Csv => {
+                let delimiter = u8::try_from(spec.delimiter.unwrap_or(',')).map_err(|_| {
+                    Error::config(
+                        pipeline.file_name(),
+                        format!("sources.{}.delimiter", spec.id),
+                        "must be one ASCII character",
+                    )
+                })?;
+                Decoder::Csv { delimiter }
+            }
+            Format::Ndjson => Decoder::Ndjson,
+            Format::Json => Decoder::Json {
+                pointer: spec.records.clone().unwrap_or_default(),
+            },
+        })
+    }
+}
+
+/// An open file being decoded.
+enum Cursor {
+    Csv(CsvCursor),
+    Ndjson(NdjsonCursor),
+    Json(JsonCursor),
+}
+
+impl Cursor {
+    fn open(file: &SourceFile, decoder: &Decoder) -> Result<Cursor, Error> {
+        let handle = file.open()?;
+        let name = Arc::clone(&file.name);
+        Ok(match decoder {
+            Decoder::Csv { delimiter } => Cursor::Csv(CsvCursor::open(handle, name, *delimiter)?),
+            Decoder::Ndjson => Cursor::Ndjson(NdjsonCursor::new(handle, name)),
+            Decoder::Json { pointer } => Cursor::Json(JsonCursor::open(handle, name, pointer)?),
+        })
+    }
+
+    /// The file's next record; its `origin.record` is also the number of
+    /// records consumed from this file so far.
+    fn next_record(&mut self) -> Result<Option<RawRecord>, Error> {
+        match self {
+            Cursor::Csv(c) => c.next_record(),
+            Cursor::Ndjson(c) => c.next_record(),
+            Cursor::Json(c) => c.next_record(),
+        }
+    }
+}
+
+/// Everything the blocking side needs; moved onto the blocking pool for
+/// each read and back.
+struct State {
+    files: Vec<SourceFile>,
+    decoder: Decoder,
+    batch_size: usize,
+    /// Index of the file being read (`files.len()` once all are done).
+    index: usize,
+    /// The open file, `None` before it is opened or after it is exhausted.
+    cursor: Option<Cursor>,
+}
+
+impl State {
+    /// Fills one batch. Stops as soon as it is full, so the next file is not
+    /// opened (and a FIFO's writer not waited for) before it is needed.
+    fn read_batch(&mut self) -> Result<Option<Batch>, Error> {
+        let mut records = Vec::with_capacity(self.batch_size.min(PREALLOCATE_RECORDS));
+        let mut last = None;
+        while records.len() < self.batch_size {
+            let Some(record) = self.next_record()? else {
+                break;
+            };
+            last = Some(Position {
+                file_index: self.index,
+                records: record.origin.record,
+            });
+            records.push(record);
+        }
+        Ok(last.map(|position| Batch {
+            records,
+            checkpoint: position.to_checkpoint(&self.files),
+        }))
+    }
+
+    /// The next record of the current file, moving on to the next file at
+    /// the end of each.
+    fn next_record(&mut self) -> Result<Option<RawRecord>, Error> {
+        loop {
+            if self.cursor.is_none() {
+                let Some(file) = self.files.get(self.index) else {
+                    return Ok(None);
+                };
+                self.cursor = Some(Cursor::open(file, &self.decoder)?);
+            }
+            let Some(cursor) = self.cursor.as_mut() else {
+                return Ok(None);
+            };
+            match cursor.next_record()? {
+                Some(record) => return Ok(Some(record)),
+                None => {
+                    self.cursor = None;
+                    self.index += 1;
+                }
+            }
+        }
+    }
+
+    /// Positions the reader after `position`'s records by reading and
+    /// discarding them: cheap for local files, and it works on FIFOs.
+    fn seek(&mut self, position: &Position) -> Result<(), Error> {
+        let Some(file) = self.files.get(position.file_index) else {
+            return Err(checkpoint_mismatch(format!(
+                "there is no file #{}",
+                position.file_index
+            )));
+        };
+        let mut cursor = Cursor::open(file, &self.decoder)?;
+        for skipped in 0..position.records {
+            if cursor.next_record()?.is_none() {
+                return Err(checkpoint_mismatch(format!(
+                    "{} now has {skipped} records, but the checkpoint is after record {}",
+                    file.name, position.records
+                )));
+            }
+        }
+        self.index = position.file_index;
+        self.cursor = Some(cursor);
+        Ok(())
+    }
+}
+
+/// A position in the source: `records` records of file `file_index` have
+/// been consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Position {
+    file_index: usize,
+    records: u64,
+}
+
+/// The checkpoint as stored: versioned, and naming the file as well as its
+/// index so that a changed file list is noticed instead of silently
+/// skipping the wrong records.
+#[derive(Debug, Serialize, Deserialize)]
+struct FileCheckpoint {
+    v: u32,
+    kind: String,
+    file_index: usize,
+    file: String,
+    records: u64,
+}
+
+impl Position {
+    fn to_checkpoint(self, files: &[SourceFile]) -> Checkpoint {
+        let file = files
+            .get(self.file_index)
+            .map(|f| f.name.to_string())
+            .unwrap_or_default();
+        serde_json::json!({
+            "v": CHECKPOINT_VERSION,
+            "kind": CHECKPOINT_KIND,
+            "file_index": self.file_index,
+            "file": file,
+            "records": self.records,
+        })
+    }
+
+    /// Reads a checkpoint and checks it against the files matched now.
+    fn from_checkpoint(checkpoint: &Checkpoint, files: &[SourceFile]) -> Result<Position, Error> {
+        let cp = FileCheckpoint::deserialize(checkpoint)
+            .map_err(|e| checkpoint_mismatch(format!("unreadable checkpoint {checkpoint}: {e}")))?;
+        if cp.v != CHECKPOINT_VERSION || cp.kind != CHECKPOINT_KIND {
+            return Err(checkpoint_mismatch(format!(
+                "unknown checkpoint version {} of kind {:?} (expected version {CHECKPOINT_VERSION} of kind {CHECKPOINT_KIND:?})",
+                cp.v, cp.kind
+            )));
+        }
+        match files.get(cp.file_index) {
+            None => Err(checkpoint_mismatch(format!(
+                "the checkpoint is in file #{} ({}), but only {} files match now",
+                cp.file_index,
+                cp.file,
+                files.len()
+            ))),
+            Some(file) if *file.name != *cp.file => Err(checkpoint_mismatch(format!(
+                "file #{} is {}, but the checkpoint is in {}",
+                cp.file_index, file.name, cp.file
+            ))),
+            Some(_) => Ok(Position {
+                file_index: cp.file_index,
+                records: cp.records,
+            }),
+        }
+    }
+}
+
+fn checkpoint_mismatch(why: String) -> Error {
+    Error::Invariant(format!(
+        "checkpoint does not match the source's files: {why}"
+    ))
+}
+
+/// An I/O error on `resource`. Only errors that another try may not meet
+/// again (interrupted, timed out, a network file system's dropped
+/// connection) are transient; a missing or unreadable file is permanent.
+fn io_error(action: &str, resource: &str, err: &io::Error) -> Error {
+    let message = format!("{action} {resource}: {err}");
+    if is_transient(err.kind()) {
+        Error::source_transient(message)
+    } else {
+        Error::source_permanent(message)
+    }
+}
+
+fn is_transient(kind: io::ErrorKind) -> bool {
+    matches!(
+        kind,
+        io::ErrorKind::Interrupted
+            | io::ErrorKind::TimedOut
+            | io::ErrorKind::WouldBlock
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::NotConnected
+    )
+}
+
+/// A decoding error at `record`/`line` of `resource`.
+fn parse_error(resource: &str, record: Option<u64>, line: Option<u64>, message: String) -> Error {
+    Error::Parse {
+        location: tidemark_core::Location {
+            resource: resource.to_string(),
+            page: None,
+            record,
+            line,
+        },
+        message,
+    }
+}
+
+/// Strips a UTF-8 byte order mark, which some exporters write.
+fn strip_bom(bytes: &[u8]) -> &[u8] {
+    bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes)
+}

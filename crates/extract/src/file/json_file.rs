@@ -1,0 +1,108 @@
+//! JSON files: one document per file, records at an RFC 6901 pointer.
+//!
+//! A JSON document cannot be cut into records before it is parsed, so each
+//! file is parsed whole (one file at a time) and its records are handed out
+//! from memory. Sources too large for that should export NDJSON.
+
+use std::fs::File;
+use std::io::Read;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tidemark_core::{Error, Origin, RawData, RawRecord};
+
+use super::{io_error, parse_error, strip_bom};
+
+/// A parsed JSON file's records.
+pub(super) struct JsonCursor {
+    records: std::vec::IntoIter<Value>,
+    resource: Arc<str>,
+    /// Records handed out so far.
+    record: u64,
+}
+
+impl JsonCursor {
+    /// Reads and parses the file and takes the array at `pointer` (`""`:
+    /// the whole document). Anything but an array there is a parse error:
+    /// treating a missing or mistyped array as "no records" could make a
+    /// broken export look like an empty period.
+    pub(super) fn open(
+        mut file: File,
+        resource: Arc<str>,
+        pointer: &str,
+    ) -> Result<JsonCursor, Error> {
+        let mut doc = parse_document(&mut file, &resource)?;
+        let shown = if pointer.is_empty() {
+            "\"\" (the whole document)".to_string()
+        } else {
+            format!("{pointer:?}")
+        };
+        match doc.pointer_mut(pointer).map(Value::take) {
+            Some(Value::Array(records)) => Ok(JsonCursor {
+                records: records.into_iter(),
+                resource,
+                record: 0,
+            }),
+            Some(other) => Err(parse_error(
+                &resource,
+                None,
+                None,
+                format!(
+                    "records pointer {shown} points to {}, not an array",
+                    kind(&other)
+                ),
+            )),
+            None => Err(parse_error(
+                &resource,
+                None,
+                None,
+                format!("records pointer {shown} does not exist in the document"),
+            )),
+        }
+    }
+
+    /// The next record, or `None` when the array is exhausted.
+    pub(super) fn next_record(&mut self) -> Result<Option<RawRecord>, Error> {
+        let Some(value) = self.records.next() else {
+            return Ok(None);
+        };
+        self.record += 1;
+        Ok(Some(RawRecord {
+            data: RawData::Json(value),
+            origin: Origin {
+                resource: Arc::clone(&self.resource),
+                page: None,
+                record: self.record,
+                line: None,
+            },
+        }))
+    }
+}
+
+/// Reads the file to its end, never relying on its size (a FIFO has
+/// none), and parses it.
+/// The raw bytes are dropped as soon as the document is built.
+fn parse_document(file: &mut File, resource: &str) -> Result<Value, Error> {
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|e| io_error("cannot read", resource, &e))?;
+    serde_json::from_slice(strip_bom(&bytes)).map_err(|e| {
+        parse_error(
+            resource,
+            None,
+            Some(u64::try_from(e.line()).unwrap_or(u64::MAX)),
+            format!("invalid JSON: {e}"),
+        )
+    })
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

@@ -1,0 +1,1 @@
+//! Foundation behaviour: file sources into SQLite and PostgreSQL.

@@ -1,0 +1,1 @@
+//! HTTP sources against a local fake API.
