@@ -10,7 +10,6 @@
 // `tidemark_core::Error` is the one error type every stage returns; its size
 // is core's decision (boxing it there would change every stage), so the
 // lint about large `Err` variants is not actionable here.
-#![allow(clippy::result_large_err)]
 
 mod file;
 

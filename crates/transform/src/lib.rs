@@ -1,1 +1,240 @@
+//! tidemark's transform stage: raw records to typed rows, each with its
+//! natural-key hash and row hash.
+//!
+//! A [`Transformer`] is compiled once per source and period from the
+//! pipeline's `[fields]` (selectors, time formats, defaults, `value`
+//! templates), then types every record of that run with
+//! [`Transformer::transform`]. Configuration mistakes surface as
+//! [`Error::Config`] from [`Transformer::new`]; bad data surfaces as
+//! [`Error::Validation`] naming the location, the output column and the raw
+//! value (truncated to 200 characters). Nothing panics on any input.
+//!
+//! # Rules
+//!
+//! **Lookup.** A column reads `from` (default: its own name): a top-level
+//! name or CSV column, or an RFC 6901 JSON pointer when it starts with `/`.
+//! A `value = "..."` column ignores the record: its template is rendered
+//! once (an unset `${ENV}` is a configuration error) and the text is typed
+//! like a text cell; secrets are redacted in the messages.
+//!
+//! **Absent values.** A missing field, JSON `null` and the empty string are
+//! all absent, for every type including text, because CSV cannot tell an
+//! empty cell from a missing one. An absent value takes the `default` if
+//! given, else fails if the field is `required`, else is NULL. A `default`
+//! given as a TOML string is read like a text cell (with the column's
+//! `format`); a TOML number or boolean like the same JSON value; a TOML date
+//! or time in its ISO form; a table or array only for `json`. A default that
+//! does not fit its type is a configuration error.
+//!
+//! **JSON scalars.** A JSON number or boolean is read as its JSON text (the
+//! original digits: serde_json keeps them), so `5`, `"5"` and a CSV `5`
+//! follow one rule. Arrays and objects are refused except for `json`.
+//!
+//! **Types.** Surrounding whitespace is ignored for every type but `text`
+//! and `json`.
+//! - `text`: the string as is; a JSON number or boolean as its JSON text.
+//! - `int`: optional sign and digits, no separators. A number with a zero
+//!   fraction (`5.0`, `1e3`) is accepted; `5.5`, overflow and booleans are not.
+//! - `float`: a finite 64-bit float; `NaN` and infinities are refused.
+//! - `decimal`: exact, never through a binary float; at most 28 significant
+//!   digits (refused, not rounded, beyond that); `1e3` allowed; normalised,
+//!   so `10.50` and `10.5` are the same value and hash alike.
+//! - `bool`: `true/false`, `t/f`, `yes/no`, `y/n`, `1/0` in any case; JSON
+//!   `true`/`false`/`0`/`1`.
+//! - `date`: `format` if given, else `YYYY-MM-DD`.
+//! - `timestamp` (naive): `format` if given, else `YYYY-MM-DDTHH:MM:SS[.f]`,
+//!   with a space instead of `T`, and/or without seconds.
+//! - `timestamptz` (stored in UTC): without `format`, RFC 3339 (a space may
+//!   replace the `T`) or one of the naive forms as wall-clock time in the
+//!   pipeline's timezone. A `format` without an offset is wall-clock time in
+//!   the pipeline's timezone too. A time repeated by a DST fall-back is the
+//!   earlier instant; a time skipped by a DST gap is a validation error.
+//! - A `format` with an offset (`%z`, `%:z`, `%#z`, `%::z`, `%+`) or epoch
+//!   seconds (`%s`) names an instant by itself: `timestamptz` stores it,
+//!   while `date` and `timestamp` take its wall clock in the pipeline's
+//!   timezone (the table's naive times are all in that timezone).
+//! - `json`: a CSV cell is parsed as JSON text; a JSON record's value is
+//!   taken as is (a JSON string stays a string).
+//!
+//! **Keys and hashes.** A NULL natural-key field is a validation error. The
+//! key hash covers the key fields in `load.key` order, the row hash every
+//! column in table order; both come from [`tidemark_core::value`].
 
+#![warn(missing_docs)]
+// `tidemark_core::Error` is the one error type every stage returns; its size
+// is core's decision, and errors are the cold path here, so the lint about
+// large `Err` variants is not actionable in this crate.
+
+mod parse;
+mod plan;
+
+/// One typed row, ready to load. Defined in core so the loader shares it;
+/// re-exported here because [`Transformer::transform`] produces it.
+pub use tidemark_core::value::Row;
+
+use tidemark_core::template::TemplateContext;
+use tidemark_core::value::{key_hash, row_hash};
+use tidemark_core::{Error, FieldType, Period, Pipeline, RawData, RawRecord, RawValue, Value};
+
+use crate::parse::Raw;
+use crate::plan::{Column, Lookup, Planner};
+
+/// Raw values longer than this are cut in error messages.
+const MAX_VALUE_CHARS: usize = 200;
+
+/// The message for a NULL natural-key field.
+const EMPTY_KEY: &str = "natural key field is empty";
+
+/// The compiled `[fields]` plan for one source and period.
+#[derive(Debug, Clone)]
+pub struct Transformer {
+    columns: Vec<Column>,
+    names: Vec<String>,
+    types: Vec<FieldType>,
+    key_indices: Vec<usize>,
+}
+
+impl Transformer {
+    /// Compiles the `[fields]` plan for one source and period: selectors,
+    /// formats, parsed defaults, and `value` templates rendered once (a
+    /// template reading an unset `${ENV}` is an [`Error::Config`] naming the
+    /// pipeline file and `fields.NAME.value`). A `default` that does not fit
+    /// its type is an [`Error::Config`] for `fields.NAME.default`.
+    pub fn new(
+        pipeline: &Pipeline,
+        source_id: &str,
+        period: &Period,
+    ) -> Result<Transformer, Error> {
+        let spec = &pipeline.spec;
+        let planner = Planner {
+            pipeline,
+            ctx: TemplateContext {
+                period,
+                source_id,
+                pipeline: &spec.name,
+            },
+        };
+        let columns = spec
+            .fields
+            .iter()
+            .map(|(name, field)| planner.column(name, field))
+            .collect::<Result<Vec<_>, _>>()?;
+        let key_indices = spec
+            .load
+            .key
+            .iter()
+            .map(|key| {
+                spec.fields.get_index_of(key).ok_or_else(|| {
+                    Error::config(
+                        pipeline.file_name(),
+                        "load.key",
+                        format!("key field `{key}` is not defined in [fields]"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Transformer {
+            names: columns.iter().map(|c| c.name.clone()).collect(),
+            types: columns.iter().map(|c| c.parser.ty).collect(),
+            columns,
+            key_indices,
+        })
+    }
+
+    /// Column types in table order (the order of `[fields]`).
+    pub fn types(&self) -> &[FieldType] {
+        &self.types
+    }
+
+    /// Column names in table order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Indices (into the columns) of the natural key, in `load.key` order.
+    pub fn key_indices(&self) -> &[usize] {
+        &self.key_indices
+    }
+
+    /// Types one raw record.
+    pub fn transform(&self, record: &RawRecord) -> Result<Row, Error> {
+        let from_csv = matches!(record.data, RawData::Csv { .. });
+        let values = self
+            .columns
+            .iter()
+            .map(|column| column_value(column, record, from_csv))
+            .collect::<Result<Vec<_>, _>>()?;
+        for &i in &self.key_indices {
+            if !matches!(values.get(i), Some(v) if !v.is_null()) {
+                let name = self.names.get(i).map_or("", String::as_str);
+                return Err(invalid(record, name, "", EMPTY_KEY));
+            }
+        }
+        let key_hash = key_hash(
+            self.key_indices
+                .iter()
+                .filter_map(|&i| Some((*self.types.get(i)?, values.get(i)?))),
+        );
+        let row_hash = row_hash(&self.types, &values);
+        Ok(Row {
+            values,
+            key_hash,
+            row_hash,
+        })
+    }
+}
+
+/// Reads and types one column of one record.
+fn column_value(column: &Column, record: &RawRecord, from_csv: bool) -> Result<Value, Error> {
+    let selector = match &column.lookup {
+        Lookup::Constant(value) => return Ok(value.clone()),
+        Lookup::Field(selector) => selector,
+    };
+    let found = record.get(selector);
+    let raw = match found {
+        RawValue::Missing | RawValue::Str("") | RawValue::Json(serde_json::Value::Null) => {
+            return column
+                .absent()
+                .map_err(|m| invalid(record, &column.name, "", m));
+        }
+        RawValue::Str(s) if from_csv => Raw::Text(s),
+        RawValue::Str(s) => Raw::JsonString(s),
+        RawValue::Json(v) => Raw::Json(v),
+    };
+    column.parser.parse(raw).map_err(|message| {
+        let text = match found {
+            RawValue::Str(s) => s.to_string(),
+            RawValue::Json(v) => v.to_string(),
+            RawValue::Missing => String::new(),
+        };
+        invalid(record, &column.name, &text, message)
+    })
+}
+
+/// A validation error at `record`'s origin.
+fn invalid(record: &RawRecord, field: &str, value: &str, message: impl Into<String>) -> Error {
+    Error::Validation {
+        location: record.origin.location(),
+        field: field.to_string(),
+        value: excerpt(value),
+        message: message.into(),
+    }
+}
+
+/// At most [`MAX_VALUE_CHARS`] characters, ending in `…` when cut: an error
+/// must show the value, not a megabyte of it.
+fn excerpt(value: &str) -> String {
+    match value.char_indices().nth(MAX_VALUE_CHARS) {
+        None => value.to_string(),
+        Some(_) => {
+            let cut = value
+                .char_indices()
+                .nth(MAX_VALUE_CHARS - 1)
+                .map_or(value.len(), |(i, _)| i);
+            format!("{}…", &value[..cut])
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
