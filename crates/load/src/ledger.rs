@@ -149,6 +149,63 @@ pub struct LedgerEntry {
     pub lease_expires_at: Option<String>,
 }
 
+/// The ledger row of a run key as a claim sees it, locked.
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    pub status: String,
+    pub run_id: Option<String>,
+    pub lease_owner: Option<String>,
+    pub lease_host: Option<String>,
+    pub lease_pid: Option<i64>,
+    pub lease_expires_at: Option<String>,
+    /// Whether the lease has not yet expired (by the database's clock).
+    pub lease_live: bool,
+    pub checkpoint: Option<serde_json::Value>,
+    pub result: Option<serde_json::Value>,
+}
+
+/// What a claim does with the row it locked.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Decision {
+    /// Report the stored result.
+    Done(serde_json::Value),
+    /// Leave it to its live holder.
+    Held { owner: String, expires_at: String },
+    /// Take it: resume `(checkpoint, run_id)` of a crashed attempt, or start fresh.
+    Take {
+        resume: Option<(serde_json::Value, String)>,
+        /// A crashed attempt's history row must be marked lost.
+        previous_lost: bool,
+    },
+}
+
+/// The claim rules, shared by every backend:
+/// - done and not forced: report the stored result;
+/// - running with a live lease whose holder is not provably dead: held;
+/// - running otherwise (crashed): take over and resume from its checkpoint
+///   unless forced;
+/// - pending, failed, or forced: take it and start the period fresh (rows
+///   already committed stay; unchanged ones are not rewritten).
+pub(crate) fn decide(row: Snapshot, request: &ClaimRequest) -> Decision {
+    if row.status == "done" && !request.force {
+        return Decision::Done(row.result.unwrap_or_default());
+    }
+    if row.status != "running" {
+        return Decision::Take { resume: None, previous_lost: false };
+    }
+    if row.lease_live && !holder_is_dead(row.lease_host.as_deref(), row.lease_pid, &request.worker) {
+        return Decision::Held {
+            owner: row.lease_owner.unwrap_or_default(),
+            expires_at: row.lease_expires_at.unwrap_or_default(),
+        };
+    }
+    let resume = match (request.force, row.checkpoint, row.run_id) {
+        (false, Some(cp), Some(run_id)) => Some((cp, run_id)),
+        _ => None,
+    };
+    Decision::Take { resume, previous_lost: true }
+}
+
 /// Decodes a `_tm_batches.key_hashes` blob.
 pub(crate) fn decode_hashes(blob: &[u8], into: &mut HashSet<Hash128>) {
     for chunk in blob.chunks_exact(16) {

@@ -13,6 +13,7 @@
 
 mod db_error;
 mod ledger;
+mod postgres;
 mod schema;
 mod sqlite;
 mod writer;
@@ -34,6 +35,17 @@ pub struct Store {
 #[derive(Debug, Clone)]
 enum Backend {
     Sqlite(sqlite::SqliteStore),
+    Postgres(postgres::PgStore),
+}
+
+/// Calls the same method on whichever backend the store uses.
+macro_rules! dispatch {
+    ($self:ident, $store:ident => $call:expr) => {
+        match &$self.backend {
+            Backend::Sqlite($store) => $call,
+            Backend::Postgres($store) => $call,
+        }
+    };
 }
 
 impl Store {
@@ -43,11 +55,7 @@ impl Store {
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite(sqlite::SqliteStore::connect(url).await?)
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            return Err(Error::config(
-                "command line",
-                "--database-url",
-                "PostgreSQL is not available in this build yet",
-            ));
+            Backend::Postgres(postgres::PgStore::connect(url).await?)
         } else {
             return Err(Error::config(
                 "command line",
@@ -60,60 +68,44 @@ impl Store {
 
     /// Applies pending ledger migrations (also done by [`Store::connect`]).
     pub async fn migrate(&self) -> Result<(), Error> {
-        match &self.backend {
-            Backend::Sqlite(s) => s.migrate().await,
-        }
+        dispatch!(self, s => s.migrate().await)
     }
 
     /// Creates the destination table when missing, or checks that the
     /// existing one agrees with the pipeline (a contract error otherwise).
     pub async fn ensure_table(&self, schema: &TableSchema) -> Result<(), Error> {
-        match &self.backend {
-            Backend::Sqlite(s) => s.ensure_table(schema).await,
-        }
+        dispatch!(self, s => s.ensure_table(schema).await)
     }
 
     /// Takes the run key for a new attempt, or explains why not.
     pub async fn claim(&self, key: &RunKey, request: &ClaimRequest) -> Result<Claim, Error> {
-        match &self.backend {
-            Backend::Sqlite(s) => s.claim(key, request).await,
-        }
+        dispatch!(self, s => s.claim(key, request).await)
     }
 
     /// Extends the lease. `Ok(false)` when the attempt no longer holds it.
     pub async fn heartbeat(&self, lease: &Lease, ttl: Duration) -> Result<bool, Error> {
-        match &self.backend {
-            Backend::Sqlite(s) => s.heartbeat(lease, ttl).await,
-        }
+        dispatch!(self, s => s.heartbeat(lease, ttl).await)
     }
 
     /// Records a failed attempt (fenced: a superseded attempt changes nothing).
     pub async fn mark_failed(&self, lease: &Lease, counts: &Counts, error: &Error) -> Result<(), Error> {
-        match &self.backend {
-            Backend::Sqlite(s) => s.mark_failed(lease, counts, error).await,
-        }
+        dispatch!(self, s => s.mark_failed(lease, counts, error).await)
     }
 
     /// Forgets a resumable checkpoint so the attempt starts the period over.
     pub async fn restart_fresh(&self, lease: &Lease) -> Result<(), Error> {
-        match &self.backend {
-            Backend::Sqlite(s) => s.restart_fresh(lease).await,
-        }
+        dispatch!(self, s => s.restart_fresh(lease).await)
     }
 
     /// Ledger rows of a pipeline, optionally for one period start.
     pub async fn status(&self, pipeline: &str, period_start: Option<&str>) -> Result<Vec<LedgerEntry>, Error> {
-        match &self.backend {
-            Backend::Sqlite(s) => s.status(pipeline, period_start).await,
-        }
+        dispatch!(self, s => s.status(pipeline, period_start).await)
     }
 
     /// Deletes attempt history and rejects older than `age`. Returns the
     /// number of attempt rows and reject rows removed.
     pub async fn prune(&self, age: Duration) -> Result<(u64, u64), Error> {
-        match &self.backend {
-            Backend::Sqlite(s) => s.prune(age).await,
-        }
+        dispatch!(self, s => s.prune(age).await)
     }
 
     /// Starts writing the batches of a claimed run.

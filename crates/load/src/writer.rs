@@ -60,6 +60,40 @@ pub(crate) enum Written {
     Unchanged,
 }
 
+/// What a batch's writes did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WriteCounts {
+    pub inserted: u64,
+    pub updated: u64,
+    pub unchanged: u64,
+}
+
+impl WriteCounts {
+    pub fn add(&mut self, written: Written) {
+        match written {
+            Written::Inserted => self.inserted += 1,
+            Written::Updated => self.updated += 1,
+            Written::Unchanged => self.unchanged += 1,
+        }
+    }
+
+    /// Adds these to run counts.
+    pub fn apply(&self, counts: &mut Counts) {
+        counts.rows_inserted += self.inserted;
+        counts.rows_updated += self.updated;
+        counts.rows_unchanged += self.unchanged;
+    }
+}
+
+/// What committing a batch reports back.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct BatchOutcome {
+    pub written: WriteCounts,
+    /// The optimistic direct `COPY` into the table hit an existing key;
+    /// later batches of this run go through the staging table.
+    pub direct_copy_conflict: bool,
+}
+
 /// The run key's identity as stored in lineage columns.
 #[derive(Debug, Clone)]
 pub(crate) struct Lineage {
@@ -78,6 +112,8 @@ pub(crate) struct BatchWrite<'a> {
     pub checkpoint: &'a serde_json::Value,
     pub counts: Counts,
     pub batch_no: i64,
+    /// Every row is new to the run key: try a plain `COPY` first.
+    pub try_direct_copy: bool,
 }
 
 /// Writes the batches of one claimed run.
@@ -91,6 +127,7 @@ pub struct RunWriter {
     seen: HashSet<Hash128>,
     counts: Counts,
     batches: i64,
+    direct_copy: bool,
 }
 
 impl RunWriter {
@@ -104,6 +141,7 @@ impl RunWriter {
         };
         let existing = match &store.backend {
             Backend::Sqlite(s) => s.existing_hashes(&schema, &lineage).await?,
+            Backend::Postgres(s) => s.existing_hashes(&schema, &lineage).await?,
         };
         tracing::debug!(existing = existing.len(), seen = run.seen.len(), "writer ready");
         Ok(RunWriter {
@@ -115,6 +153,7 @@ impl RunWriter {
             seen: run.seen.clone(),
             counts: run.counts,
             batches: run.batches,
+            direct_copy: true,
         })
     }
 
@@ -151,6 +190,7 @@ impl RunWriter {
         counts.rows_read += rows_read;
         counts.rows_unchanged += unchanged;
         counts.rows_rejected += rejects.len() as u64;
+        let try_direct_copy = self.direct_copy && writes.iter().all(|(_, w)| *w == Write::Upsert);
         let batch = BatchWrite {
             rows: writes,
             keys: rows.iter().map(|r| r.key_hash).collect(),
@@ -158,20 +198,19 @@ impl RunWriter {
             checkpoint,
             counts,
             batch_no: self.batches + 1,
+            try_direct_copy,
         };
-        let outcomes = match &self.store.backend {
+        let outcome = match &self.store.backend {
             Backend::Sqlite(s) => s.apply_batch(&self.lease, &self.schema, &self.lineage, &batch).await?,
+            Backend::Postgres(s) => s.apply_batch(&self.lease, &self.schema, &self.lineage, &batch).await?,
         };
         // Committed: only now does in-memory state move forward.
         let mut counts = batch.counts;
-        for outcome in &outcomes {
-            match outcome {
-                Written::Inserted => counts.rows_inserted += 1,
-                Written::Updated => counts.rows_updated += 1,
-                Written::Unchanged => counts.rows_unchanged += 1,
-            }
-        }
+        outcome.written.apply(&mut counts);
         self.counts = counts;
+        if outcome.direct_copy_conflict {
+            self.direct_copy = false;
+        }
         self.batches = batch.batch_no;
         for row in rows {
             self.existing.insert(row.key_hash, row.row_hash);
@@ -183,9 +222,20 @@ impl RunWriter {
     /// Reconciles vanished rows per `reconcile` and marks the run done, in
     /// one fenced transaction. Returns the canonical result.
     pub async fn finish(&mut self, reconcile: &Reconcile) -> Result<serde_json::Value, Error> {
+        // Rows of the run key present at the start and not seen since: if
+        // there are none, reconciliation has nothing to look for.
+        let maybe_vanished = self.existing.keys().any(|k| !self.seen.contains(k));
+        let reconcile = Reconcile {
+            on_missing: if maybe_vanished { reconcile.on_missing } else { OnMissing::Keep },
+            ..*reconcile
+        };
         let result = match &self.store.backend {
             Backend::Sqlite(s) => {
-                s.finish(&self.lease, &self.schema, &self.lineage, &self.seen, reconcile, self.counts)
+                s.finish(&self.lease, &self.schema, &self.lineage, &self.seen, &reconcile, self.counts)
+                    .await?
+            }
+            Backend::Postgres(s) => {
+                s.finish(&self.lease, &self.schema, &self.lineage, &self.seen, &reconcile, self.counts)
                     .await?
             }
         };

@@ -19,10 +19,11 @@ use tidemark_core::{Error, Hash128, RunKey};
 
 use crate::db_error::DbResultExt;
 use crate::ledger::{
-    decode_hashes, encode_hashes, holder_is_dead, Claim, ClaimRequest, ClaimedRun, Counts, LedgerEntry, Lease,
+    decide, decode_hashes, encode_hashes, Claim, ClaimRequest, ClaimedRun, Counts, Decision, LedgerEntry, Lease,
+    Snapshot,
 };
 use crate::schema::TableSchema;
-use crate::writer::{refuse_deletes, result_json, BatchWrite, Lineage, Reconcile, Written};
+use crate::writer::{refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile, WriteCounts};
 use crate::{now_text, timestamp_text};
 
 /// A pool of connections to one SQLite file.
@@ -98,38 +99,35 @@ impl SqliteStore {
         .await
         .db()?;
         let run_ref: i64 = row.get("id");
-        let status: String = row.get("status");
-        if status == "done" && !request.force {
-            let result: Option<String> = row.get("result");
-            let result = result.and_then(|r| serde_json::from_str(&r).ok()).unwrap_or_default();
-            return Ok(Claim::Done(result));
-        }
-        if status == "running" {
-            let expires: Option<String> = row.get("lease_expires_at");
-            let live = expires
+        let expires: Option<String> = row.get("lease_expires_at");
+        let snapshot = Snapshot {
+            status: row.get("status"),
+            run_id: row.get("run_id"),
+            lease_owner: row.get("lease_owner"),
+            lease_host: row.get("lease_host"),
+            lease_pid: row.get("lease_pid"),
+            lease_live: expires
                 .as_deref()
                 .and_then(|e| chrono::DateTime::parse_from_rfc3339(e).ok())
-                .is_some_and(|e| e > now);
-            let host: Option<String> = row.get("lease_host");
-            let pid: Option<i64> = row.get("lease_pid");
-            if live && !holder_is_dead(host.as_deref(), pid, &request.worker) {
-                return Ok(Claim::Held {
-                    owner: row.get::<Option<String>, _>("lease_owner").unwrap_or_default(),
-                    expires_at: expires.unwrap_or_default(),
-                });
+                .is_some_and(|e| e > now),
+            lease_expires_at: expires,
+            checkpoint: json_column(&row, "checkpoint"),
+            result: json_column(&row, "result"),
+        };
+        let resume = match decide(snapshot, request) {
+            Decision::Done(result) => return Ok(Claim::Done(result)),
+            Decision::Held { owner, expires_at } => return Ok(Claim::Held { owner, expires_at }),
+            Decision::Take { resume, previous_lost } => {
+                if previous_lost {
+                    sqlx::query("UPDATE _tm_attempts SET status = 'lost', finished_at = ? WHERE run_ref = ? AND status = 'running'")
+                        .bind(&now_s)
+                        .bind(run_ref)
+                        .execute(&mut *tx)
+                        .await
+                        .db()?;
+                }
+                resume
             }
-            sqlx::query("UPDATE _tm_attempts SET status = 'lost', finished_at = ? WHERE run_ref = ? AND status = 'running'")
-                .bind(&now_s)
-                .bind(run_ref)
-                .execute(&mut *tx)
-                .await
-                .db()?;
-        }
-        let checkpoint: Option<String> = row.get("checkpoint");
-        let previous_run_id: Option<String> = row.get("run_id");
-        let resume = match (status.as_str(), request.force, checkpoint, previous_run_id) {
-            ("running", false, Some(cp), Some(run_id)) => serde_json::from_str(&cp).ok().map(|cp| (cp, run_id)),
-            _ => None,
         };
         let attempt: i64 = row.get::<i64, _>("attempt") + 1;
         let lease_expires = timestamp_text(now + chrono::Duration::from_std(request.lease_ttl).unwrap_or_default());
@@ -325,7 +323,7 @@ impl SqliteStore {
         schema: &TableSchema,
         lineage: &Lineage,
         batch: &BatchWrite<'_>,
-    ) -> Result<Vec<Written>, Error> {
+    ) -> Result<BatchOutcome, Error> {
         let loaded_at = now_text();
         let mut tx = self.pool.begin().await.db()?;
         fence(&mut tx, lease).await?;
@@ -334,9 +332,9 @@ impl SqliteStore {
             run_id: &lease.run_id,
             loaded_at: &loaded_at,
         };
-        let mut outcomes = Vec::with_capacity(batch.rows.len());
+        let mut written = WriteCounts::default();
         for (row, write) in &batch.rows {
-            outcomes.push(table::write_row(&mut tx, schema, &stamp, row, *write).await?);
+            written.add(table::write_row(&mut tx, schema, &stamp, row, *write).await?);
         }
         for reject in batch.rejects {
             table::insert_reject(&mut tx, lineage, &lease.run_id, reject, &loaded_at).await?;
@@ -350,16 +348,13 @@ impl SqliteStore {
             .await
             .db()?;
         let mut counts = batch.counts;
-        for outcome in &outcomes {
-            match outcome {
-                Written::Inserted => counts.rows_inserted += 1,
-                Written::Updated => counts.rows_updated += 1,
-                Written::Unchanged => counts.rows_unchanged += 1,
-            }
-        }
+        written.apply(&mut counts);
         save_progress(&mut tx, lease, &counts, Some(batch.checkpoint), batch.batch_no).await?;
         tx.commit().await.db()?;
-        Ok(outcomes)
+        Ok(BatchOutcome {
+            written,
+            direct_copy_conflict: false,
+        })
     }
 
     pub(crate) async fn finish(
@@ -493,6 +488,10 @@ async fn load_seen(tx: &mut Transaction<'_, Sqlite>, run_ref: i64, run_id: &str)
         decode_hashes(&blob, &mut seen);
     }
     Ok(seen)
+}
+
+fn json_column(row: &SqliteRow, name: &str) -> Option<serde_json::Value> {
+    row.get::<Option<String>, _>(name).and_then(|text| serde_json::from_str(&text).ok())
 }
 
 fn counts_of(row: &SqliteRow) -> Counts {

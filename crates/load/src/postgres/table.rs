@@ -1,0 +1,486 @@
+//! Destination tables on PostgreSQL: native column types, `COPY`-based
+//! batch writes and key-based reconciliation.
+//!
+//! The write path (see docs/adr/0002-postgres-load-path.md):
+//! 1. rows whose hash matches the stored one were already dropped in memory;
+//! 2. a batch of keys new to the run key is first `COPY`ed straight into the
+//!    table inside a savepoint — the common first-backfill case, at `COPY`
+//!    speed; a unique violation rolls the savepoint back and switches the
+//!    run to step 3;
+//! 3. otherwise the batch is `COPY`ed into a temporary staging table and
+//!    merged with one `INSERT … SELECT … ON CONFLICT DO UPDATE … WHERE the
+//!    hash or run key differs`, so identical rows are never rewritten.
+
+use std::collections::HashSet;
+
+use futures_util::TryStreamExt;
+use sqlx::postgres::{PgPool, PgRow};
+use sqlx::{Postgres, Row as _, Transaction};
+use tidemark_core::spec::OnMissing;
+use tidemark_core::{Error, FieldType, Hash128, Row, Value};
+
+use crate::db_error::DbResultExt;
+use crate::schema::{quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
+use crate::writer::{BatchOutcome, BatchWrite, Lineage, Reject, WriteCounts};
+
+/// The PostgreSQL type of a field type.
+fn pg_type(ty: FieldType) -> &'static str {
+    match ty {
+        FieldType::Text => "text",
+        FieldType::Int => "bigint",
+        FieldType::Float => "double precision",
+        FieldType::Decimal => "numeric",
+        FieldType::Bool => "boolean",
+        FieldType::Date => "date",
+        FieldType::Timestamp => "timestamp",
+        FieldType::Timestamptz => "timestamptz",
+        FieldType::Json => "jsonb",
+    }
+}
+
+/// How `information_schema.columns.data_type` names [`pg_type`].
+fn information_schema_type(ty: FieldType) -> &'static str {
+    match ty {
+        FieldType::Timestamp => "timestamp without time zone",
+        FieldType::Timestamptz => "timestamp with time zone",
+        other => pg_type(other),
+    }
+}
+
+fn lineage_type(column: &str) -> &'static str {
+    match column {
+        "_tm_period_start" | "_tm_loaded_at" => "timestamptz NOT NULL",
+        _ => "text NOT NULL",
+    }
+}
+
+pub(super) async fn ensure_table(pool: &PgPool, schema: &TableSchema) -> Result<(), Error> {
+    let mut tx = pool.begin().await.db()?;
+    // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the
+    // catalog; serialise DDL on this table across every worker.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('tidemark.ddl.' || $1))")
+        .bind(&schema.table)
+        .execute(&mut *tx)
+        .await
+        .db()?;
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass(quote_ident($1)) IS NOT NULL")
+        .bind(&schema.table)
+        .fetch_one(&mut *tx)
+        .await
+        .db()?;
+    if exists {
+        check_table(&mut tx, schema).await?;
+    } else {
+        create_table(&mut tx, schema).await?;
+    }
+    tx.commit().await.db()
+}
+
+async fn create_table(tx: &mut Transaction<'_, Postgres>, schema: &TableSchema) -> Result<(), Error> {
+    let mut columns: Vec<String> = schema
+        .columns
+        .iter()
+        .map(|(name, ty)| format!("{} {}", quote(name), pg_type(*ty)))
+        .collect();
+    columns.extend(LINEAGE_COLUMNS.iter().map(|c| format!("{c} {}", lineage_type(c))));
+    if schema.soft_delete {
+        columns.push(format!("{DELETED_AT} timestamptz"));
+    }
+    columns.push(format!("UNIQUE ({})", key_list(schema)));
+    let table = quote(&schema.table);
+    sqlx::query(&format!("CREATE TABLE {table} (\n  {}\n)", columns.join(",\n  ")))
+        .execute(&mut **tx)
+        .await
+        .db()?;
+    sqlx::query(&format!(
+        "CREATE INDEX {} ON {table} (_tm_source, _tm_export_type, _tm_period_start)",
+        quote(&format!("{}__tm_run_key", schema.table))
+    ))
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    tracing::info!(table = %schema.table, "created destination table");
+    Ok(())
+}
+
+/// An existing table must have every field with its type, the lineage
+/// columns, and a UNIQUE index on exactly the natural key.
+async fn check_table(tx: &mut Transaction<'_, Postgres>, schema: &TableSchema) -> Result<(), Error> {
+    let actual: Vec<(String, String)> = sqlx::query_as(
+        "SELECT column_name::text, data_type::text FROM information_schema.columns
+         WHERE table_schema = current_schema() AND table_name = $1",
+    )
+    .bind(&schema.table)
+    .fetch_all(&mut **tx)
+    .await
+    .db()?;
+    let mut problems = Vec::new();
+    for (name, ty) in &schema.columns {
+        match actual.iter().find(|(n, _)| n == name) {
+            None => problems.push(format!("column `{name}` is missing (field of type {ty})")),
+            Some((_, declared)) if declared != information_schema_type(*ty) => problems.push(format!(
+                "column `{name}` is {declared}, but field `{name}` has type {ty} (expected {})",
+                pg_type(*ty)
+            )),
+            Some(_) => {}
+        }
+    }
+    for lineage in LINEAGE_COLUMNS {
+        if !actual.iter().any(|(n, _)| n == lineage) {
+            problems.push(format!("lineage column `{lineage}` is missing"));
+        }
+    }
+    let contract = |message: String| Error::Contract {
+        table: schema.table.clone(),
+        message,
+    };
+    if !problems.is_empty() {
+        return Err(contract(problems.join("; ")));
+    }
+    let unique_sets: Vec<Vec<String>> = sqlx::query_scalar(
+        "SELECT array_agg(a.attname::text) FROM pg_index i
+         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+         WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indisunique
+         GROUP BY i.indexrelid",
+    )
+    .bind(&schema.table)
+    .fetch_all(&mut **tx)
+    .await
+    .db()?;
+    let key: HashSet<&str> = schema.key_columns().map(|(n, _)| n.as_str()).collect();
+    let keyed = unique_sets
+        .iter()
+        .any(|cols| cols.len() == key.len() && cols.iter().all(|c| key.contains(c.as_str())));
+    if !keyed {
+        let names: Vec<&str> = schema.key_columns().map(|(n, _)| n.as_str()).collect();
+        return Err(contract(format!(
+            "no UNIQUE constraint on exactly the natural key ({})",
+            names.join(", ")
+        )));
+    }
+    if schema.soft_delete && !actual.iter().any(|(n, _)| n == DELETED_AT) {
+        sqlx::query(&format!("ALTER TABLE {} ADD COLUMN {DELETED_AT} timestamptz", quote(&schema.table)))
+            .execute(&mut **tx)
+            .await
+            .db()?;
+    }
+    Ok(())
+}
+
+fn key_list(schema: &TableSchema) -> String {
+    schema.key_columns().map(|(n, _)| quote(n)).collect::<Vec<_>>().join(", ")
+}
+
+/// Natural-key columns (numeric as text, so it reads back exactly) plus
+/// `extra`, for the live rows of one run key; binds source, export type and
+/// period start.
+pub(super) fn select_keys_of_run_key(schema: &TableSchema, extra: &str) -> String {
+    let keys: Vec<String> = schema
+        .key_columns()
+        .map(|(n, ty)| match ty {
+            FieldType::Decimal => format!("{}::text", quote(n)),
+            _ => quote(n),
+        })
+        .collect();
+    let live = if schema.soft_delete {
+        format!(" AND {DELETED_AT} IS NULL")
+    } else {
+        String::new()
+    };
+    format!(
+        "SELECT {}, {extra} FROM {} WHERE _tm_source = $1 AND _tm_export_type = $2 AND _tm_period_start = $3::timestamptz{live}",
+        keys.join(", "),
+        quote(&schema.table)
+    )
+}
+
+/// Reads a stored natural key back into typed values and its hash.
+pub(super) fn key_of(schema: &TableSchema, row: &PgRow) -> Result<(Hash128, Vec<Value>), Error> {
+    let mut values = Vec::with_capacity(schema.key.len());
+    for (i, (_, ty)) in schema.key_columns().enumerate() {
+        values.push(decode(row, i, *ty)?);
+    }
+    let types: Vec<FieldType> = schema.key_columns().map(|(_, t)| *t).collect();
+    let hash = tidemark_core::value::key_hash(types.iter().copied().zip(values.iter()));
+    Ok((hash, values))
+}
+
+fn decode(row: &PgRow, i: usize, ty: FieldType) -> Result<Value, Error> {
+    Ok(match ty {
+        FieldType::Int => row.try_get::<Option<i64>, _>(i).db()?.map_or(Value::Null, Value::Int),
+        FieldType::Bool => row.try_get::<Option<bool>, _>(i).db()?.map_or(Value::Null, Value::Bool),
+        FieldType::Date => row
+            .try_get::<Option<chrono::NaiveDate>, _>(i)
+            .db()?
+            .map_or(Value::Null, Value::Date),
+        FieldType::Timestamp => row
+            .try_get::<Option<chrono::NaiveDateTime>, _>(i)
+            .db()?
+            .map_or(Value::Null, Value::Timestamp),
+        FieldType::Timestamptz => row
+            .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)
+            .db()?
+            .map_or(Value::Null, Value::Timestamptz),
+        _ => match row.try_get::<Option<String>, _>(i).db()? {
+            None => Value::Null,
+            Some(text) => Value::from_canonical_text(ty, &text).unwrap_or(Value::Text(text)),
+        },
+    })
+}
+
+/// Lineage values stamped on every written row.
+pub(super) struct Stamp<'a> {
+    pub lineage: &'a Lineage,
+    pub run_id: &'a str,
+    pub loaded_at: &'a str,
+}
+
+/// Appends one value in `COPY … (FORMAT text)` encoding.
+fn push_copy_value(out: &mut String, value: Option<&str>) {
+    match value {
+        None => out.push_str("\\N"),
+        Some(text) => {
+            for c in text.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '\t' => out.push_str("\\t"),
+                    '\n' => out.push_str("\\n"),
+                    '\r' => out.push_str("\\r"),
+                    c => out.push(c),
+                }
+            }
+        }
+    }
+}
+
+/// The batch as `COPY` text: values, then lineage columns.
+fn copy_data(rows: &[(&Row, crate::writer::Write)], stamp: &Stamp<'_>) -> String {
+    let mut out = String::with_capacity(rows.len() * 128);
+    for (row, _) in rows {
+        for value in &row.values {
+            push_copy_value(&mut out, value.canonical_text().as_deref());
+            out.push('\t');
+        }
+        let hash = row.row_hash.to_hex();
+        let lineage = [
+            stamp.lineage.source.as_str(),
+            stamp.lineage.export_type.as_str(),
+            stamp.lineage.period_start.as_str(),
+            stamp.run_id,
+            hash.as_str(),
+            stamp.loaded_at,
+        ];
+        for (i, text) in lineage.iter().enumerate() {
+            if i > 0 {
+                out.push('\t');
+            }
+            push_copy_value(&mut out, Some(text));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn column_list(schema: &TableSchema) -> String {
+    let mut names: Vec<String> = schema.columns.iter().map(|(n, _)| quote(n)).collect();
+    names.extend(LINEAGE_COLUMNS.iter().map(ToString::to_string));
+    names.join(", ")
+}
+
+async fn copy_into(tx: &mut Transaction<'_, Postgres>, table: &str, columns: &str, data: &str) -> Result<u64, sqlx::Error> {
+    let mut copy = tx
+        .copy_in_raw(&format!("COPY {table} ({columns}) FROM STDIN (FORMAT text)"))
+        .await?;
+    if let Err(e) = copy.send(data.as_bytes()).await {
+        let _ = copy.abort(e.to_string()).await;
+        return Err(e);
+    }
+    copy.finish().await
+}
+
+pub(super) async fn write_rows(
+    tx: &mut Transaction<'_, Postgres>,
+    schema: &TableSchema,
+    stamp: &Stamp<'_>,
+    batch: &BatchWrite<'_>,
+) -> Result<BatchOutcome, Error> {
+    let mut outcome = BatchOutcome::default();
+    if batch.rows.is_empty() {
+        return Ok(outcome);
+    }
+    let data = copy_data(&batch.rows, stamp);
+    let columns = column_list(schema);
+    if batch.try_direct_copy {
+        let mut savepoint = sqlx::Connection::begin(&mut **tx).await.db()?;
+        match copy_into(&mut savepoint, &quote(&schema.table), &columns, &data).await {
+            Ok(n) => {
+                savepoint.commit().await.db()?;
+                outcome.written.inserted = n;
+                return Ok(outcome);
+            }
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505") => {
+                savepoint.rollback().await.db()?;
+                tracing::debug!("direct COPY met existing keys; merging through a staging table");
+                outcome.direct_copy_conflict = true;
+            }
+            Err(e) => return Err(crate::db_error::db_error(e)),
+        }
+    }
+    outcome.written = merge_through_stage(tx, schema, &columns, &data, batch.rows.len()).await?;
+    Ok(outcome)
+}
+
+async fn merge_through_stage(
+    tx: &mut Transaction<'_, Postgres>,
+    schema: &TableSchema,
+    columns: &str,
+    data: &str,
+    staged: usize,
+) -> Result<WriteCounts, Error> {
+    let table = quote(&schema.table);
+    let stage = quote(&format!("_tm_stage_{}", schema.table));
+    sqlx::query(&format!(
+        "CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+    ))
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    copy_into(tx, &stage, columns, data).await.db()?;
+    let mut sets: Vec<String> = schema
+        .columns
+        .iter()
+        .map(|(n, _)| format!("{0} = EXCLUDED.{0}", quote(n)))
+        .collect();
+    sets.extend(LINEAGE_COLUMNS.iter().map(|c| format!("{c} = EXCLUDED.{c}")));
+    let mut differs = String::from(
+        "t._tm_row_hash IS DISTINCT FROM EXCLUDED._tm_row_hash
+         OR t._tm_source IS DISTINCT FROM EXCLUDED._tm_source
+         OR t._tm_export_type IS DISTINCT FROM EXCLUDED._tm_export_type
+         OR t._tm_period_start IS DISTINCT FROM EXCLUDED._tm_period_start",
+    );
+    if schema.soft_delete {
+        sets.push(format!("{DELETED_AT} = NULL"));
+        differs.push_str(&format!(" OR t.{DELETED_AT} IS NOT NULL"));
+    }
+    let sql = format!(
+        "INSERT INTO {table} AS t ({columns}) SELECT {columns} FROM {stage}
+         ON CONFLICT ({}) DO UPDATE SET {} WHERE {differs}
+         RETURNING (xmax = 0) AS inserted",
+        key_list(schema),
+        sets.join(", ")
+    );
+    let returned: Vec<bool> = sqlx::query_scalar(&sql).fetch_all(&mut **tx).await.db()?;
+    let inserted = returned.iter().filter(|i| **i).count() as u64;
+    let written = returned.len() as u64;
+    Ok(WriteCounts {
+        inserted,
+        updated: written - inserted,
+        unchanged: (staged as u64).saturating_sub(written),
+    })
+}
+
+pub(super) async fn insert_reject(
+    tx: &mut Transaction<'_, Postgres>,
+    lineage: &Lineage,
+    run_id: &str,
+    reject: &Reject,
+) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT INTO _tm_rejects (pipeline, source, export_type, period_start, run_id, location, field, value,
+                                  reason, record, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now())",
+    )
+    .bind(&lineage.pipeline)
+    .bind(&lineage.source)
+    .bind(&lineage.export_type)
+    .bind(&lineage.period_start)
+    .bind(run_id)
+    .bind(&reject.location)
+    .bind(&reject.field)
+    .bind(&reject.value)
+    .bind(&reject.reason)
+    .bind(&reject.record)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    Ok(())
+}
+
+/// Live rows of the run key, and the keys no batch of this run has seen.
+pub(super) async fn vanished_keys(
+    tx: &mut Transaction<'_, Postgres>,
+    schema: &TableSchema,
+    lineage: &Lineage,
+    seen: &HashSet<Hash128>,
+) -> Result<(u64, Vec<Vec<Value>>), Error> {
+    let sql = select_keys_of_run_key(schema, "1 AS _tm_one");
+    let mut rows = sqlx::query(&sql)
+        .bind(&lineage.source)
+        .bind(&lineage.export_type)
+        .bind(&lineage.period_start)
+        .fetch(&mut **tx);
+    let (mut live, mut vanished) = (0u64, Vec::new());
+    while let Some(row) = rows.try_next().await.db()? {
+        live += 1;
+        let (hash, values) = key_of(schema, &row)?;
+        if !seen.contains(&hash) {
+            vanished.push(values);
+        }
+    }
+    Ok((live, vanished))
+}
+
+/// Deletes (or soft-deletes) rows of the run key by natural key, joining
+/// against `unnest` of one text array per key column.
+pub(super) async fn delete_keys(
+    tx: &mut Transaction<'_, Postgres>,
+    schema: &TableSchema,
+    lineage: &Lineage,
+    on_missing: OnMissing,
+    keys: &[Vec<Value>],
+) -> Result<u64, Error> {
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    let key_columns: Vec<&(String, FieldType)> = schema.key_columns().collect();
+    let arrays: Vec<String> = (0..key_columns.len()).map(|i| format!("${}::text[]", i + 4)).collect();
+    let names: Vec<String> = (0..key_columns.len()).map(|i| format!("k{i}")).collect();
+    let join: Vec<String> = key_columns
+        .iter()
+        .enumerate()
+        .map(|(i, (n, ty))| format!("t.{} = v.k{i}::{}", quote(n), pg_type(*ty)))
+        .collect();
+    let table = quote(&schema.table);
+    let from = format!("unnest({}) AS v({})", arrays.join(", "), names.join(", "));
+    let run_key = "t._tm_source = $1 AND t._tm_export_type = $2 AND t._tm_period_start = $3::timestamptz";
+    let sql = match on_missing {
+        OnMissing::SoftDelete => format!(
+            "UPDATE {table} AS t SET {DELETED_AT} = now() FROM {from} WHERE {} AND {run_key}",
+            join.join(" AND ")
+        ),
+        _ => format!("DELETE FROM {table} AS t USING {from} WHERE {} AND {run_key}", join.join(" AND ")),
+    };
+    let mut query = sqlx::query(&sql)
+        .bind(&lineage.source)
+        .bind(&lineage.export_type)
+        .bind(&lineage.period_start);
+    for i in 0..key_columns.len() {
+        let column: Vec<Option<String>> = keys.iter().map(|k| k[i].canonical_text()).collect();
+        query = query.bind(column);
+    }
+    Ok(query.execute(&mut **tx).await.db()?.rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_text_escapes_control_characters_and_nulls() {
+        let mut out = String::new();
+        push_copy_value(&mut out, Some("a\tb\\c\nd\re"));
+        out.push('|');
+        push_copy_value(&mut out, None);
+        assert_eq!(out, "a\\tb\\\\c\\nd\\re|\\N");
+    }
+}
