@@ -13,7 +13,16 @@ pub(crate) fn db_error(err: sqlx::Error) -> Error {
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| transient_code(&code)),
+        sqlx::Error::Database(db) => {
+            let postgres = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some();
+            db.code().is_some_and(|code| {
+                if postgres {
+                    transient_sqlstate(&code)
+                } else {
+                    transient_sqlite_code(&code)
+                }
+            })
+        }
         _ => false,
     };
     Error::Database {
@@ -22,15 +31,17 @@ pub(crate) fn db_error(err: sqlx::Error) -> Error {
     }
 }
 
-/// SQLite result codes (primary code in the low byte) and PostgreSQL
-/// SQLSTATEs that are worth a retry.
-fn transient_code(code: &str) -> bool {
-    if let Ok(n) = code.parse::<i64>() {
-        // SQLITE_BUSY = 5, SQLITE_LOCKED = 6 (extended codes keep them in the low byte).
-        return matches!(n & 0xff, 5 | 6);
-    }
-    code.starts_with("08") // connection exception
-        || matches!(code, "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300" | "55P03")
+/// SQLite result codes worth a retry: SQLITE_BUSY (5) and SQLITE_LOCKED (6);
+/// extended codes keep the primary code in the low byte.
+fn transient_sqlite_code(code: &str) -> bool {
+    code.parse::<i64>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
+}
+
+/// PostgreSQL SQLSTATEs worth a retry: connection exceptions (08…),
+/// serialization failure, deadlock, administrator/crash shutdown, cannot
+/// connect now, too many connections, lock not available.
+fn transient_sqlstate(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300" | "55P03")
 }
 
 /// Shorthand for `.map_err(db_error)`.
@@ -50,14 +61,14 @@ mod tests {
 
     #[test]
     fn busy_serialization_and_connection_errors_are_transient() {
-        assert!(transient_code("5"));
-        assert!(transient_code("517")); // SQLITE_BUSY_SNAPSHOT
-        assert!(transient_code("40001"));
-        assert!(transient_code("08006"));
-        assert!(transient_code("57P01"));
-        assert!(!transient_code("23505")); // unique violation
-        assert!(!transient_code("2067")); // SQLITE_CONSTRAINT_UNIQUE
-        assert!(!transient_code("42P01"));
+        assert!(transient_sqlite_code("5"));
+        assert!(transient_sqlite_code("517")); // SQLITE_BUSY_SNAPSHOT
+        assert!(!transient_sqlite_code("2067")); // SQLITE_CONSTRAINT_UNIQUE
+        assert!(transient_sqlstate("40001"));
+        assert!(transient_sqlstate("08006"));
+        assert!(transient_sqlstate("57P01"));
+        assert!(!transient_sqlstate("23505")); // unique violation
+        assert!(!transient_sqlstate("42P01"));
         assert!(db_error(sqlx::Error::PoolTimedOut).is_transient());
         assert!(!db_error(sqlx::Error::RowNotFound).is_transient());
     }

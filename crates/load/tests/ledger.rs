@@ -1,0 +1,222 @@
+//! Ledger behaviour written once and run against SQLite and PostgreSQL:
+//! concurrent claims, fencing of superseded attempts, contract checks.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::Connection;
+use tidemark_core::{Error, Pipeline, Row, RunKey};
+use tidemark_load::{Claim, ClaimRequest, ClaimedRun, Store, TableSchema, WorkerId};
+
+const PIPELINE: &str = r#"
+name = "p"
+export_type = "e"
+[period]
+granularity = "day"
+[[sources]]
+id = "s"
+transport = "file"
+format = "csv"
+path = "x.csv"
+[fields]
+id = { type = "int", required = true }
+name = { type = "text" }
+[load]
+table = "items"
+key = ["id"]
+"#;
+
+/// A fresh database for one test: a SQLite file, or a PostgreSQL database
+/// created on the test server and dropped afterwards.
+struct TestDb {
+    url: String,
+    pg_name: Option<String>,
+    _dir: tempfile::TempDir,
+}
+
+fn admin_url() -> String {
+    std::env::var("TIDEMARK_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+impl TestDb {
+    async fn new(postgres: bool) -> TestDb {
+        let dir = tempfile::tempdir().unwrap();
+        if !postgres {
+            let url = format!("sqlite://{}", dir.path().join("t.db").display());
+            return TestDb { url, pg_name: None, _dir: dir };
+        }
+        let name = format!("tm_ledger_{}", uuid::Uuid::new_v4().simple());
+        let admin = admin_url();
+        let mut conn = sqlx::PgConnection::connect(&admin).await.expect("PostgreSQL for tests");
+        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.unwrap();
+        let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+        TestDb { url, pg_name: Some(name), _dir: dir }
+    }
+
+    async fn drop_db(self) {
+        if let Some(name) = &self.pg_name {
+            let mut conn = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
+            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await.unwrap();
+        }
+    }
+}
+
+fn pipeline() -> Pipeline {
+    Pipeline::parse(PIPELINE, Path::new("p.toml")).unwrap()
+}
+
+fn key(pipeline: &Pipeline, day: &str) -> RunKey {
+    RunKey::new("p", "s", "e", pipeline.period(day).unwrap())
+}
+
+fn request(instance: &str) -> ClaimRequest {
+    ClaimRequest {
+        force: false,
+        handler_version: "1".into(),
+        // A host name no real process has, so the dead-holder shortcut never applies.
+        worker: WorkerId { host: format!("test-host-{instance}"), pid: 1, instance: instance.into() },
+        lease_ttl: Duration::from_secs(30),
+    }
+}
+
+fn row(id: i64, name: &str) -> Row {
+    use tidemark_core::value::{key_hash, row_hash};
+    use tidemark_core::{FieldType, Value};
+    let values = vec![Value::Int(id), Value::Text(name.into())];
+    Row {
+        key_hash: key_hash([(FieldType::Int, &values[0])]),
+        row_hash: row_hash(&[FieldType::Int, FieldType::Text], &values),
+        values,
+    }
+}
+
+fn claimed(claim: Claim) -> ClaimedRun {
+    match claim {
+        Claim::Claimed(run) => *run,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+async fn concurrent_claims_have_exactly_one_winner(postgres: bool) {
+    let db = TestDb::new(postgres).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    let p = pipeline();
+    for trial in 0..20 {
+        let key = Arc::new(key(&p, &format!("2024-01-{:02}", trial + 1)));
+        let (a, b) = tokio::join!(
+            { let s = store.clone(); let k = Arc::clone(&key); tokio::spawn(async move { s.claim(&k, &request("a")).await }) },
+            { let s = store.clone(); let k = Arc::clone(&key); tokio::spawn(async move { s.claim(&k, &request("b")).await }) },
+        );
+        let outcomes = [a.unwrap().unwrap(), b.unwrap().unwrap()];
+        let winners = outcomes.iter().filter(|c| matches!(c, Claim::Claimed(_))).count();
+        let held = outcomes.iter().filter(|c| matches!(c, Claim::Held { .. })).count();
+        assert_eq!((winners, held), (1, 1), "trial {trial}: {outcomes:?}");
+    }
+    db.drop_db().await;
+}
+
+async fn superseded_attempt_cannot_commit(postgres: bool) {
+    let db = TestDb::new(postgres).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    let p = pipeline();
+    let schema = TableSchema::from_pipeline(&p);
+    store.ensure_table(&schema).await.unwrap();
+    let key = key(&p, "2024-01-01");
+    let first = claimed(store.claim(&key, &request("a")).await.unwrap());
+    let mut writer = store.writer(schema.clone(), &first, &key).await.unwrap();
+    writer.write_batch(&[row(1, "one")], &[], 1, &serde_json::json!({"n": 1})).await.unwrap();
+
+    // The lease expires (a stalled worker), and another worker takes over.
+    expire_lease(&db.url).await;
+    let second = claimed(store.claim(&key, &request("b")).await.unwrap());
+    assert_eq!(second.lease.attempt, first.lease.attempt + 1);
+    assert_eq!(second.lease.run_id, first.lease.run_id, "a crashed run resumes under the same run id");
+    assert_eq!(second.resume, Some(serde_json::json!({"n": 1})));
+    assert!(second.seen.contains(&row(1, "one").key_hash), "committed keys survive the takeover");
+
+    // The stalled worker wakes up: its next batch must be rolled back.
+    let err = writer.write_batch(&[row(2, "two")], &[], 1, &serde_json::json!({"n": 2})).await.unwrap_err();
+    assert!(matches!(err, Error::LeaseLost(_)), "{err:?}");
+    assert!(writer.finish(&reconcile()).await.is_err());
+    assert!(!store.heartbeat(&first.lease, Duration::from_secs(30)).await.unwrap());
+    assert_eq!(count_rows(&db.url).await, 1, "the fenced batch left no row");
+
+    // The new holder finishes normally.
+    let mut writer = store.writer(schema, &second, &key).await.unwrap();
+    writer.write_batch(&[row(2, "two")], &[], 1, &serde_json::json!({"n": 2})).await.unwrap();
+    writer.finish(&reconcile()).await.unwrap();
+    assert_eq!(count_rows(&db.url).await, 2);
+    match store.claim(&key, &request("c")).await.unwrap() {
+        Claim::Done(result) => assert_eq!(result["rows_inserted"], 2),
+        other => panic!("expected done, got {other:?}"),
+    }
+    db.drop_db().await;
+}
+
+async fn changed_key_type_is_a_contract_error(postgres: bool) {
+    let db = TestDb::new(postgres).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    let p = pipeline();
+    store.ensure_table(&TableSchema::from_pipeline(&p)).await.unwrap();
+    let changed = Pipeline::parse(&PIPELINE.replace("type = \"int\"", "type = \"text\""), Path::new("p.toml")).unwrap();
+    let err = store.ensure_table(&TableSchema::from_pipeline(&changed)).await.unwrap_err();
+    match &err {
+        Error::Contract { table, message } => {
+            assert_eq!(table, "items");
+            assert!(message.contains("column `id`"), "{message}");
+        }
+        other => panic!("expected a contract error, got {other:?}"),
+    }
+    db.drop_db().await;
+}
+
+fn reconcile() -> tidemark_load::Reconcile {
+    tidemark_load::Reconcile {
+        on_missing: tidemark_core::spec::OnMissing::Keep,
+        max_delete_fraction: 0.5,
+        force_deletes: false,
+    }
+}
+
+async fn expire_lease(url: &str) {
+    let sql = if url.starts_with("sqlite") {
+        "UPDATE _tm_runs SET lease_expires_at = '2000-01-01T00:00:00.000Z'"
+    } else {
+        "UPDATE _tm_runs SET lease_expires_at = now() - interval '1 second'"
+    };
+    execute(url, sql).await;
+}
+
+async fn execute(url: &str, sql: &str) {
+    if url.starts_with("sqlite") {
+        let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query(sql).execute(&mut c).await.unwrap();
+    } else {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query(sql).execute(&mut c).await.unwrap();
+    }
+}
+
+async fn count_rows(url: &str) -> i64 {
+    if url.starts_with("sqlite") {
+        let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query_scalar("SELECT count(*) FROM items").fetch_one(&mut c).await.unwrap()
+    } else {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_scalar("SELECT count(*) FROM items").fetch_one(&mut c).await.unwrap()
+    }
+}
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(false).await } )* }
+        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(true).await } )* }
+    };
+}
+
+both_backends!(
+    concurrent_claims_have_exactly_one_winner,
+    superseded_attempt_cannot_commit,
+    changed_key_type_is_a_contract_error,
+);
