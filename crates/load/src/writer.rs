@@ -52,10 +52,9 @@ pub(crate) enum Write {
     Upsert,
 }
 
-/// What one row's write did.
+/// What an update of one row did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Written {
-    Inserted,
     Updated,
     Unchanged,
 }
@@ -71,7 +70,6 @@ pub(crate) struct WriteCounts {
 impl WriteCounts {
     pub fn add(&mut self, written: Written) {
         match written {
-            Written::Inserted => self.inserted += 1,
             Written::Updated => self.updated += 1,
             Written::Unchanged => self.unchanged += 1,
         }

@@ -23,7 +23,7 @@ use crate::ledger::{
     Snapshot,
 };
 use crate::schema::TableSchema;
-use crate::writer::{refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile, WriteCounts};
+use crate::writer::{refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile};
 use crate::{now_text, timestamp_text};
 
 /// A pool of connections to one SQLite file.
@@ -332,10 +332,7 @@ impl SqliteStore {
             run_id: &lease.run_id,
             loaded_at: &loaded_at,
         };
-        let mut written = WriteCounts::default();
-        for (row, write) in &batch.rows {
-            written.add(table::write_row(&mut tx, schema, &stamp, row, *write).await?);
-        }
+        let written = table::write_rows(&mut tx, schema, &stamp, &batch.rows).await?;
         for reject in batch.rejects {
             table::insert_reject(&mut tx, lineage, &lease.run_id, reject, &loaded_at).await?;
         }

@@ -16,7 +16,7 @@ use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
 use crate::db_error::DbResultExt;
 use crate::schema::{quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
-use crate::writer::{Lineage, Reject, Write, Written};
+use crate::writer::{Lineage, Reject, Write, WriteCounts, Written};
 
 /// The declared SQLite type of a field type.
 fn sql_type(ty: FieldType) -> &'static str {
@@ -227,15 +227,10 @@ fn key_match(schema: &TableSchema) -> String {
         .join(" AND ")
 }
 
-fn insert_sql(schema: &TableSchema) -> String {
+fn insert_head(schema: &TableSchema) -> String {
     let mut names: Vec<String> = schema.columns.iter().map(|(n, _)| quote(n)).collect();
     names.extend(LINEAGE_COLUMNS.iter().map(ToString::to_string));
-    let marks = vec!["?"; names.len()].join(", ");
-    format!(
-        "INSERT INTO {} ({}) VALUES ({marks}) ON CONFLICT DO NOTHING",
-        quote(&schema.table),
-        names.join(", ")
-    )
+    format!("INSERT INTO {} ({})", quote(&schema.table), names.join(", "))
 }
 
 /// `UPDATE` of every value and lineage column by natural key; with
@@ -265,30 +260,84 @@ fn update_sql(schema: &TableSchema, only_if_different: bool) -> String {
     sql
 }
 
-pub(super) async fn write_row(
+/// Writes a batch's changed rows. Rows new to the run key go in multi-row
+/// `INSERT`s (one statement per chunk instead of one per row); the few
+/// whose key exists under another run key, and rows that changed, are
+/// updated one by one, and only when something differs.
+pub(super) async fn write_rows(
     tx: &mut Transaction<'_, Sqlite>,
     schema: &TableSchema,
     stamp: &Stamp<'_>,
-    row: &Row,
-    write: Write,
-) -> Result<Written, Error> {
-    if write == Write::Update && update(tx, schema, stamp, row, false).await? {
-        return Ok(Written::Updated);
+    rows: &[(&Row, Write)],
+) -> Result<WriteCounts, Error> {
+    let mut written = WriteCounts::default();
+    let mut fresh = Vec::new();
+    for (row, write) in rows {
+        match write {
+            Write::Update if update(tx, schema, stamp, row, false).await? => written.add(Written::Updated),
+            _ => fresh.push(*row),
+        }
     }
-    let insert = insert_sql(schema);
-    let mut query = sqlx::query(&insert);
-    for value in &row.values {
-        query = bind_value(query, value);
+    let per_row = schema.columns.len() + LINEAGE_COLUMNS.len();
+    let chunk_size = (MAX_VARIABLES / per_row).clamp(1, 500);
+    for chunk in fresh.chunks(chunk_size) {
+        let taken = existing_keys(tx, schema, chunk).await?;
+        let (elsewhere, new): (Vec<&Row>, Vec<&Row>) = chunk.iter().partition(|r| taken.contains(&r.key_hash));
+        written.inserted += insert_many(tx, schema, stamp, &new).await?;
+        for row in elsewhere {
+            written.add(if update(tx, schema, stamp, row, true).await? {
+                Written::Updated
+            } else {
+                Written::Unchanged
+            });
+        }
     }
-    let inserted = bind_stamp(query, stamp, row).execute(&mut **tx).await.db()?;
-    if inserted.rows_affected() == 1 {
-        return Ok(Written::Inserted);
-    }
-    Ok(if update(tx, schema, stamp, row, true).await? {
-        Written::Updated
+    Ok(written)
+}
+
+/// SQLite's default limit on bound parameters per statement (since 3.32).
+const MAX_VARIABLES: usize = 32_766;
+
+/// Which of these rows' natural keys are already in the table (under any run key).
+async fn existing_keys(
+    tx: &mut Transaction<'_, Sqlite>,
+    schema: &TableSchema,
+    rows: &[&Row],
+) -> Result<HashSet<Hash128>, Error> {
+    let list = if schema.key.len() == 1 {
+        format!("{} IN ({})", key_list(schema), vec!["?"; rows.len()].join(", "))
     } else {
-        Written::Unchanged
-    })
+        let tuple = format!("({})", vec!["?"; schema.key.len()].join(", "));
+        format!("({}) IN (VALUES {})", key_list(schema), vec![tuple; rows.len()].join(", "))
+    };
+    let sql = format!("SELECT {} FROM {} WHERE {list}", key_list(schema), quote(&schema.table));
+    let mut query = sqlx::query(&sql);
+    for row in rows {
+        query = bind_key(query, schema, row);
+    }
+    let found = query.fetch_all(&mut **tx).await.db()?;
+    found.iter().map(|r| key_hash_of(schema, r)).collect()
+}
+
+async fn insert_many(
+    tx: &mut Transaction<'_, Sqlite>,
+    schema: &TableSchema,
+    stamp: &Stamp<'_>,
+    rows: &[&Row],
+) -> Result<u64, Error> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let marks = format!("({})", vec!["?"; schema.columns.len() + LINEAGE_COLUMNS.len()].join(", "));
+    let sql = format!("{} VALUES {}", insert_head(schema), vec![marks; rows.len()].join(", "));
+    let mut query = sqlx::query(&sql);
+    for row in rows {
+        for value in &row.values {
+            query = bind_value(query, value);
+        }
+        query = bind_stamp(query, stamp, row);
+    }
+    Ok(query.execute(&mut **tx).await.db()?.rows_affected())
 }
 
 async fn update(
