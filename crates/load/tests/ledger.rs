@@ -171,6 +171,29 @@ async fn changed_key_type_is_a_contract_error(postgres: bool) {
     db.drop_db().await;
 }
 
+/// A natural key already loaded under another run key is taken over (its
+/// lineage moves), never duplicated; an identical row of the same run key is
+/// not rewritten.
+async fn key_from_another_run_key_is_taken_over(postgres: bool) {
+    let db = TestDb::new(postgres).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    let p = pipeline();
+    let schema = TableSchema::from_pipeline(&p);
+    store.ensure_table(&schema).await.unwrap();
+    for (day, rows) in [("2024-01-01", vec![row(1, "one"), row(2, "two")]), ("2024-01-02", vec![row(2, "two"), row(3, "three")])] {
+        let key = key(&p, day);
+        let run = claimed(store.claim(&key, &request("a")).await.unwrap());
+        let mut writer = store.writer(schema.clone(), &run, &key).await.unwrap();
+        writer.write_batch(&rows, &[], 2, &serde_json::json!({})).await.unwrap();
+        let result = writer.finish(&reconcile()).await.unwrap();
+        if day == "2024-01-02" {
+            assert_eq!((result["rows_inserted"].as_u64(), result["rows_updated"].as_u64()), (Some(1), Some(1)), "{result}");
+        }
+    }
+    assert_eq!(count_rows(&db.url).await, 3, "key 2 exists once");
+    db.drop_db().await;
+}
+
 fn reconcile() -> tidemark_load::Reconcile {
     tidemark_load::Reconcile {
         on_missing: tidemark_core::spec::OnMissing::Keep,
@@ -219,4 +242,5 @@ both_backends!(
     concurrent_claims_have_exactly_one_winner,
     superseded_attempt_cannot_commit,
     changed_key_type_is_a_contract_error,
+    key_from_another_run_key_is_taken_over,
 );
