@@ -202,9 +202,12 @@ def sqlite_baseline(folder, days, total):
     return secs
 
 
+CONCURRENCY = 2
+
+
 def tidemark(folder, url, days, force):
     cmd = [BIN, "--database-url", url, "backfill", os.path.join(folder, "bench.toml"),
-           "--from", days[0].isoformat(), "--to", days[-1].isoformat()]
+           "--from", days[0].isoformat(), "--to", days[-1].isoformat(), "--concurrency", str(CONCURRENCY)]
     if force:
         cmd.append("--force")
     env = dict(os.environ, TIDEMARK_LOG="warn")
@@ -272,7 +275,7 @@ def scenario(folder, total, periods, granularity, batch_size, backend):
 
 
 def report(backend, runs, total, baseline_name):
-    print(f"\n== {backend}: {total:,} rows, median of {len(runs)} run(s) ==")
+    print(f"\n== {backend}: {total:,} rows, median of {len(runs)} run(s), tidemark --concurrency {CONCURRENCY} ==")
     med = {step: statistics.median(r[0][step][0] for r in runs) for step in runs[0][0]}
     base = total / med["baseline"]
     print(f"{'step':<34} {'seconds':>8} {'rows/s':>10} {'x baseline':>10} {'peak RSS':>10}  rows written (pg_stat_user_tables / _tm_loaded_at)")
@@ -295,8 +298,11 @@ def main():
     ap.add_argument("--batch-size", type=int, default=10_000)
     ap.add_argument("--backend", choices=["postgres", "sqlite", "both"], default="both")
     ap.add_argument("--one-period", action="store_true", help="also load all rows as one period (RSS check)")
+    ap.add_argument("--concurrency", type=int, default=2, help="periods at once (default 2: one per core)")
     ap.add_argument("--dir", default=os.path.join(ROOT, "bench", "data"))
     args = ap.parse_args()
+    global CONCURRENCY
+    CONCURRENCY = args.concurrency
     if not os.path.exists(BIN):
         sys.exit("build first: cargo build --release")
     backends = ["postgres", "sqlite"] if args.backend == "both" else [args.backend]

@@ -119,18 +119,33 @@ impl Value {
     /// The canonical text of a value: what SQLite stores for the text-backed
     /// types and what the hashes are computed over. `None` for NULL.
     pub fn canonical_text(&self) -> Option<String> {
-        Some(match self {
-            Value::Null => return None,
-            Value::Text(s) => s.clone(),
-            Value::Int(i) => i.to_string(),
-            Value::Float(f) => f.to_string(),
-            Value::Decimal(d) => d.normalize().to_string(),
-            Value::Bool(b) => b.to_string(),
-            Value::Date(d) => d.format(DATE_FORMAT).to_string(),
-            Value::Timestamp(t) => t.format(TIMESTAMP_FORMAT).to_string(),
-            Value::Timestamptz(t) => t.to_rfc3339_opts(SecondsFormat::AutoSi, true),
-            Value::Json(j) => j.to_string(),
-        })
+        let mut out = String::new();
+        self.write_canonical(&mut out).then_some(out)
+    }
+
+    /// Appends the canonical text to `out` (hot paths reuse one buffer);
+    /// returns false, appending nothing, for NULL.
+    pub fn write_canonical(&self, out: &mut String) -> bool {
+        use std::fmt::Write;
+        let _ = match self {
+            Value::Null => return false,
+            Value::Text(s) => {
+                out.push_str(s);
+                Ok(())
+            }
+            Value::Int(i) => write!(out, "{i}"),
+            Value::Float(f) => write!(out, "{f}"),
+            Value::Decimal(d) => write!(out, "{}", d.normalize()),
+            Value::Bool(b) => write!(out, "{b}"),
+            Value::Date(d) => write!(out, "{}", d.format(DATE_FORMAT)),
+            Value::Timestamp(t) => write!(out, "{}", t.format(TIMESTAMP_FORMAT)),
+            Value::Timestamptz(t) => {
+                out.push_str(&t.to_rfc3339_opts(SecondsFormat::AutoSi, true));
+                Ok(())
+            }
+            Value::Json(j) => write!(out, "{j}"),
+        };
+        true
     }
 
     /// Parses a canonical text back into a value of `ty`; the inverse of
@@ -193,28 +208,41 @@ pub struct Row {
     pub row_hash: Hash128,
 }
 
-/// Incremental hasher over typed values.
-struct ValueHasher(Xxh3);
+/// Incremental hasher over typed values. One scratch buffer serves every
+/// value, so hashing a row allocates nothing per field.
+struct ValueHasher {
+    state: Xxh3,
+    scratch: String,
+}
 
 impl ValueHasher {
     fn new() -> Self {
-        ValueHasher(Xxh3::new())
-    }
-
-    fn add(&mut self, ty: FieldType, value: &Value) {
-        self.0.update(&[ty.tag()]);
-        match value.canonical_text() {
-            None => self.0.update(&[0]),
-            Some(text) => {
-                self.0.update(&[1]);
-                self.0.update(&(text.len() as u64).to_le_bytes());
-                self.0.update(text.as_bytes());
-            }
+        ValueHasher {
+            state: Xxh3::new(),
+            scratch: String::with_capacity(64),
         }
     }
 
+    fn add(&mut self, ty: FieldType, value: &Value) {
+        self.state.update(&[ty.tag()]);
+        let text: &str = match value {
+            Value::Text(s) => s,
+            other => {
+                self.scratch.clear();
+                if !other.write_canonical(&mut self.scratch) {
+                    self.state.update(&[0]);
+                    return;
+                }
+                &self.scratch
+            }
+        };
+        self.state.update(&[1]);
+        self.state.update(&(text.len() as u64).to_le_bytes());
+        self.state.update(text.as_bytes());
+    }
+
     fn finish(&self) -> Hash128 {
-        Hash128(self.0.digest128())
+        Hash128(self.state.digest128())
     }
 }
 

@@ -256,9 +256,12 @@ fn push_copy_value(out: &mut String, value: Option<&str>) {
 /// The batch as `COPY` text: values, then lineage columns.
 fn copy_data(rows: &[(&Row, crate::writer::Write)], stamp: &Stamp<'_>) -> String {
     let mut out = String::with_capacity(rows.len() * 128);
+    let mut scratch = String::with_capacity(64);
     for (row, _) in rows {
         for value in &row.values {
-            push_copy_value(&mut out, value.canonical_text().as_deref());
+            scratch.clear();
+            let present = value.write_canonical(&mut scratch);
+            push_copy_value(&mut out, present.then_some(scratch.as_str()));
             out.push('\t');
         }
         let hash = row.row_hash.to_hex();
