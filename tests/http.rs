@@ -1,1 +1,14 @@
-//! HTTP sources against a local fake API.
+//! HTTP sources against a local fake API (issue 4): the real `tidemark`
+//! binary, a temporary SQLite database, and an in-process HTTP server on
+//! 127.0.0.1 with injectable faults and a log of every request.
+
+mod api;
+mod harness;
+
+mod errors;
+mod example;
+mod faults;
+mod pagination;
+mod rate_limit;
+mod secrets;
+mod throughput;

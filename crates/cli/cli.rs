@@ -136,8 +136,8 @@ pub struct StatusArgs {
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
     /// Pipeline names or paths.
-    #[arg(required = true)]
-    pub pipelines: Vec<String>,
+    #[arg(required = true, value_name = "PIPELINE")]
+    pub names: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -21,7 +21,7 @@ pub async fn dispatch(cli: Cli) -> Result<u8, Error> {
         Command::Prune(args) => prune(&cli.global, args).await,
         Command::Migrate => {
             Store::connect(&cli.global.database_url).await?.migrate().await?;
-            eprintln!("ledger migrations applied");
+            tell!("ledger migrations applied");
             Ok(0)
         }
     }
@@ -164,9 +164,9 @@ async fn status(global: &Global, args: StatusArgs) -> Result<u8, Error> {
 
 fn validate(global: &Global, args: &ValidateArgs) -> Result<u8, Error> {
     let mut code = 0;
-    for name in &args.pipelines {
+    for name in &args.names {
         match load_pipeline(global, name) {
-            Ok(p) => println!(
+            Ok(p) => say!(
                 "ok: {} (pipeline {}, {} source(s), {} field(s), table {})",
                 p.file_name(),
                 p.spec.name,
@@ -175,7 +175,7 @@ fn validate(global: &Global, args: &ValidateArgs) -> Result<u8, Error> {
                 p.spec.load.table
             ),
             Err(e) => {
-                eprintln!("error: {e}");
+                tell!("error: {e}");
                 code = crate::EXIT_CONFIG;
             }
         }
@@ -186,6 +186,6 @@ fn validate(global: &Global, args: &ValidateArgs) -> Result<u8, Error> {
 async fn prune(global: &Global, args: PruneArgs) -> Result<u8, Error> {
     let store = Store::connect(&global.database_url).await?;
     let (attempts, rejects) = store.prune(args.older_than).await?;
-    println!("pruned {attempts} attempt record(s) and {rejects} rejected record(s)");
+    say!("pruned {attempts} attempt record(s) and {rejects} rejected record(s)");
     Ok(0)
 }

@@ -2,6 +2,23 @@
 //! the database and maps outcomes to the contract's exit codes
 //! (0 ok, 1 a run failed, 2 usage/configuration, 75 held elsewhere).
 
+/// `println!` that ignores a closed stdout (`tidemark status | head`):
+/// output is best-effort, the run's effect and exit code are not.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that ignores a closed stderr.
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod cli;
 mod commands;
 mod engine;
@@ -29,14 +46,14 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            tell!("error: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
     match runtime.block_on(commands::dispatch(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e}");
+            tell!("error: {e}");
             ExitCode::from(exit_code_of(&e))
         }
     }

@@ -26,15 +26,15 @@ pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
 /// held keys on stderr.
 pub fn print_outcome(key: &RunKey, outcome: &Outcome) {
     match outcome {
-        Outcome::Done(result) => println!("{result}"),
+        Outcome::Done(result) => say!("{result}"),
         Outcome::AlreadyDone(result) => {
-            eprintln!("already done: {key} (nothing was read or written; use --force to re-sync)");
-            println!("{result}");
+            tell!("already done: {key} (nothing was read or written; use --force to re-sync)");
+            say!("{result}");
         }
         Outcome::Held { owner } => {
-            eprintln!("held: {key} is being run by {owner}; exiting with 75 (use --wait to wait for it)")
+            tell!("held: {key} is being run by {owner}; exiting with 75 (use --wait to wait for it)")
         }
-        Outcome::Failed(error) => eprintln!("error: {key}: {} error: {error}", error.class()),
+        Outcome::Failed(error) => tell!("error: {key}: {} error: {error}", error.class()),
     }
 }
 
@@ -44,7 +44,7 @@ fn count(result: &serde_json::Value, name: &str) -> u64 {
 
 /// `backfill`: one line per run key, then totals.
 pub fn print_summary(results: &[(RunKey, Outcome)]) {
-    println!(
+    say!(
         "{:<20} {:<12} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "PERIOD", "SOURCE", "STATUS", "READ", "INSERTED", "UPDATED", "UNCHANGED", "DELETED", "REJECTED"
     );
@@ -64,7 +64,7 @@ pub fn print_summary(results: &[(RunKey, Outcome)]) {
         }] += 1;
         let counts = ["rows_read", "rows_inserted", "rows_updated", "rows_unchanged", "rows_deleted", "rows_rejected"]
             .map(|n| result.map_or_else(|| "-".to_string(), |r| count(r, n).to_string()));
-        println!(
+        say!(
             "{:<20} {:<12} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
             key.period.label(),
             key.source,
@@ -77,13 +77,13 @@ pub fn print_summary(results: &[(RunKey, Outcome)]) {
             counts[5]
         );
         if let Outcome::Failed(error) = outcome {
-            eprintln!("error: {key}: {} error: {error}", error.class());
+            tell!("error: {key}: {} error: {error}", error.class());
         }
         if let Outcome::Held { owner } = outcome {
-            eprintln!("held: {key} is being run by {owner}");
+            tell!("held: {key} is being run by {owner}");
         }
     }
-    println!(
+    say!(
         "{} run key(s): {} done, {} already done (skipped), {} held elsewhere, {} failed",
         results.len(),
         tally[0],
@@ -97,7 +97,7 @@ pub fn print_summary(results: &[(RunKey, Outcome)]) {
 pub fn print_status_json(entries: &[LedgerEntry]) {
     for entry in entries {
         if let Ok(line) = serde_json::to_string(entry) {
-            println!("{line}");
+            say!("{line}");
         }
     }
 }
@@ -105,10 +105,10 @@ pub fn print_status_json(entries: &[LedgerEntry]) {
 /// `status`: a table an operator can read.
 pub fn print_status_table(pipeline: &Pipeline, entries: &[LedgerEntry]) {
     if entries.is_empty() {
-        println!("no runs recorded for pipeline {}", pipeline.spec.name);
+        say!("no runs recorded for pipeline {}", pipeline.spec.name);
         return;
     }
-    println!(
+    say!(
         "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8}  {:<24} ERROR",
         "PERIOD START", "SOURCE", "STATUS", "TRY", "READ", "INSERTED", "UPDATED", "UNCHANGED", "DELETED", "REJECTED", "FINISHED"
     );
@@ -117,7 +117,7 @@ pub fn print_status_table(pipeline: &Pipeline, entries: &[LedgerEntry]) {
             (Some(class), Some(message)) => format!("{class}: {message}"),
             _ => String::new(),
         };
-        println!(
+        say!(
             "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8}  {:<24} {}",
             e.period_start,
             e.source,

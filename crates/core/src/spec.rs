@@ -100,8 +100,8 @@ pub enum MissingPolicy {
 pub enum SourceSpec {
     /// Files on disk.
     File(FileSourceSpec),
-    /// An HTTP API.
-    Http(HttpSourceSpec),
+    /// An HTTP API (boxed: its spec is several times larger than a file's).
+    Http(Box<HttpSourceSpec>),
 }
 
 impl SourceSpec {
@@ -377,6 +377,34 @@ pub struct Pipeline {
     pub lag: Duration,
     /// `period.start` parsed.
     pub first_period: Option<Period>,
+    /// `[schedule]` parsed.
+    pub schedule: Option<Schedule>,
+}
+
+/// When `serve` runs a pipeline's `sync`.
+#[derive(Debug, Clone)]
+pub enum Schedule {
+    /// A fixed interval.
+    Every(Duration),
+    /// A cron expression (5 fields as in crontab, or 6 with seconds), in UTC.
+    Cron(Box<cron::Schedule>),
+}
+
+impl Schedule {
+    /// The first time after `after` that the schedule fires.
+    pub fn next_after(&self, after: chrono::DateTime<chrono::Utc>) -> Option<chrono::DateTime<chrono::Utc>> {
+        match self {
+            Schedule::Every(every) => Some(after + chrono::Duration::from_std(*every).ok()?),
+            Schedule::Cron(cron) => cron.after(&after).next(),
+        }
+    }
+}
+
+fn parse_cron(expression: &str) -> Result<cron::Schedule, String> {
+    use std::str::FromStr;
+    let fields = expression.split_whitespace().count();
+    let full = if fields == 5 { format!("0 {expression}") } else { expression.to_string() };
+    cron::Schedule::from_str(&full).map_err(|e| format!("invalid cron expression {expression:?}: {e}"))
 }
 
 /// Bounded exponential backoff with full jitter.
@@ -440,6 +468,13 @@ impl Pipeline {
             ),
             None => None,
         };
+        let schedule = match &spec.schedule {
+            Some(ScheduleSpec { every: Some(every), .. }) => Some(Schedule::Every(check.duration("schedule.every", every)?)),
+            Some(ScheduleSpec { cron: Some(cron), .. }) => {
+                Some(Schedule::Cron(Box::new(parse_cron(cron).map_err(|e| check.err("schedule.cron", e))?)))
+            }
+            _ => None,
+        };
         Ok(Pipeline {
             spec,
             file: path.to_path_buf(),
@@ -447,6 +482,7 @@ impl Pipeline {
             retry,
             lag,
             first_period,
+            schedule,
         })
     }
 
@@ -490,6 +526,18 @@ impl Pipeline {
             }
         }
         Ok(())
+    }
+
+    /// The periods `sync` considers at `now`: from `period.start` through
+    /// the last period whose end plus `lag` has passed.
+    pub fn due_periods(&self, now: chrono::DateTime<chrono::Utc>) -> Result<Vec<Period>, Error> {
+        let first = self.first_period.ok_or_else(|| {
+            Error::config(self.file_name(), "period.start", "sync needs the first period: set period.start")
+        })?;
+        let horizon = now - chrono::Duration::from_std(self.lag).unwrap_or_default();
+        Ok(std::iter::successors(Some(first), |p| Some(p.next()))
+            .take_while(|p| p.end().with_timezone(&chrono::Utc) <= horizon)
+            .collect())
     }
 
     /// The source with this id.
@@ -773,6 +821,30 @@ on_missing = "delete"
         assert_eq!(key, "fields._tm_region");
         let (key, _) = config_err(&GOOD.replace("table = \"orders\"", "table = \"orders; drop\""));
         assert_eq!(key, "load.table");
+    }
+
+    #[test]
+    fn due_periods_respect_start_and_lag() {
+        let p = parse(GOOD).unwrap(); // day, Europe/Berlin, start 2024-01-01, lag 2h
+        let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&chrono::Utc);
+        // 2024-01-03 ends at 2024-01-04T00:00+01:00 = 2024-01-03T23:00Z; due from 01:00Z on.
+        let due = p.due_periods(at("2024-01-04T00:59:00Z")).unwrap();
+        assert_eq!(due.iter().map(|d| d.label()).collect::<Vec<_>>(), ["2024-01-01", "2024-01-02"]);
+        assert_eq!(p.due_periods(at("2024-01-04T01:00:00Z")).unwrap().len(), 3);
+        assert!(p.due_periods(at("2023-12-01T00:00:00Z")).unwrap().is_empty());
+        let no_start = parse(&GOOD.replace("start = \"2024-01-01\"\n", "")).unwrap();
+        assert!(no_start.due_periods(at("2024-01-04T00:00:00Z")).is_err());
+    }
+
+    #[test]
+    fn schedules_every_and_cron() {
+        let every = parse(&format!("{GOOD}\n[schedule]\nevery = \"15m\"\n")).unwrap();
+        let at = chrono::DateTime::parse_from_rfc3339("2024-01-01T10:07:00Z").unwrap().with_timezone(&chrono::Utc);
+        assert_eq!(every.schedule.unwrap().next_after(at).unwrap().to_rfc3339(), "2024-01-01T10:22:00+00:00");
+        let cron = parse(&format!("{GOOD}\n[schedule]\ncron = \"*/15 * * * *\"\n")).unwrap();
+        assert_eq!(cron.schedule.unwrap().next_after(at).unwrap().to_rfc3339(), "2024-01-01T10:15:00+00:00");
+        let (key, _) = config_err(&format!("{GOOD}\n[schedule]\ncron = \"every tuesday\"\n"));
+        assert_eq!(key, "schedule.cron");
     }
 
     #[test]

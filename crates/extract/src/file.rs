@@ -13,9 +13,9 @@
 //! All file I/O is blocking and runs on tokio's blocking pool, so a slow
 //! disk or a FIFO that waits for its writer never stalls other periods.
 
-mod csv_file;
-mod json_file;
-mod ndjson_file;
+pub(crate) mod csv_file;
+pub(crate) mod json_file;
+pub(crate) mod ndjson_file;
 #[cfg(test)]
 mod tests;
 
@@ -514,6 +514,6 @@ fn parse_error(resource: &str, record: Option<u64>, line: Option<u64>, message: 
 }
 
 /// Strips a UTF-8 byte order mark, which some exporters write.
-fn strip_bom(bytes: &[u8]) -> &[u8] {
+pub(crate) fn strip_bom(bytes: &[u8]) -> &[u8] {
     bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes)
 }

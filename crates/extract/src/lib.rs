@@ -12,11 +12,13 @@
 // lint about large `Err` variants is not actionable here.
 
 mod file;
+mod http;
 
 use tidemark_core::spec::SourceSpec;
 use tidemark_core::{Error, Period, Pipeline, RawRecord};
 
 pub use file::FileReader;
+pub use http::{FirstPage, HttpReader};
 
 /// A resumable position in a source, stored in the ledger as JSON.
 pub type Checkpoint = serde_json::Value;
@@ -35,6 +37,8 @@ pub struct Batch {
 pub enum SourceReader {
     /// `transport = "file"`.
     File(FileReader),
+    /// `transport = "http"`.
+    Http(HttpReader),
 }
 
 impl SourceReader {
@@ -51,11 +55,38 @@ impl SourceReader {
             SourceSpec::File(spec) => Ok(SourceReader::File(
                 FileReader::open(pipeline, spec, period, resume).await?,
             )),
-            SourceSpec::Http(spec) => Err(Error::config(
-                pipeline.file_name(),
-                format!("sources.{}.transport", spec.id),
-                "transport \"http\" is not available in this build yet",
+            SourceSpec::Http(spec) => Ok(SourceReader::Http(
+                HttpReader::open(pipeline, spec, period, resume).await?,
             )),
+        }
+    }
+
+    /// A first look at `source` for `period` without writing anything
+    /// (`validate --check-source`): an HTTP source's first page, or a file
+    /// source's first batch.
+    pub async fn first_page(
+        pipeline: &Pipeline,
+        source: &SourceSpec,
+        period: &Period,
+    ) -> Result<FirstPage, Error> {
+        match source {
+            SourceSpec::Http(spec) => HttpReader::first_page(pipeline, spec, period).await,
+            SourceSpec::File(spec) => {
+                let mut reader = FileReader::open(pipeline, spec, period, None).await?;
+                let records = reader
+                    .next_batch()
+                    .await?
+                    .map(|b| b.records)
+                    .unwrap_or_default();
+                Ok(FirstPage {
+                    resource: records
+                        .first()
+                        .map(|r| r.origin.resource.to_string())
+                        .unwrap_or_default(),
+                    records: records.len() as u64,
+                    first: records.into_iter().next(),
+                })
+            }
         }
     }
 
@@ -63,6 +94,7 @@ impl SourceReader {
     pub async fn next_batch(&mut self) -> Result<Option<Batch>, Error> {
         match self {
             SourceReader::File(reader) => reader.next_batch().await,
+            SourceReader::Http(reader) => reader.next_batch().await,
         }
     }
 }

@@ -1,6 +1,7 @@
-//! CSV files with a header row, streamed one row at a time.
+//! CSV files (and HTTP pages) with a header row, streamed one row at a time.
 
 use std::fs::File;
+use std::io::Read;
 use std::sync::Arc;
 
 use csv::StringRecord;
@@ -8,10 +9,11 @@ use tidemark_core::{Error, Origin, RawData, RawRecord};
 
 use super::{io_error, parse_error};
 
-/// An open CSV file. Every row shares the header record, so a row costs one
-/// allocation, not one per cell.
-pub(super) struct CsvCursor {
-    reader: csv::Reader<File>,
+/// An open CSV file (or any other reader, such as an HTTP page's body).
+/// Every row shares the header record, so a row costs one allocation, not
+/// one per cell.
+pub(crate) struct CsvCursor<R = File> {
+    reader: csv::Reader<R>,
     headers: Arc<StringRecord>,
     resource: Arc<str>,
     /// Rows read so far.
@@ -20,10 +22,10 @@ pub(super) struct CsvCursor {
     last_len: (usize, usize),
 }
 
-impl CsvCursor {
+impl<R: Read> CsvCursor<R> {
     /// Opens the reader and reads the header row. A row whose field count
     /// differs from the header's is an error, not a silently shifted row.
-    pub(super) fn open(file: File, resource: Arc<str>, delimiter: u8) -> Result<CsvCursor, Error> {
+    pub(crate) fn open(file: R, resource: Arc<str>, delimiter: u8) -> Result<CsvCursor<R>, Error> {
         let mut reader = csv::ReaderBuilder::new()
             .delimiter(delimiter)
             .has_headers(true)
@@ -43,7 +45,7 @@ impl CsvCursor {
     }
 
     /// The next row, or `None` at the end of the file.
-    pub(super) fn next_record(&mut self) -> Result<Option<RawRecord>, Error> {
+    pub(crate) fn next_record(&mut self) -> Result<Option<RawRecord>, Error> {
         let (bytes, fields) = self.last_len;
         let mut row = StringRecord::with_capacity(bytes, fields);
         match self.reader.read_record(&mut row) {

@@ -13,8 +13,8 @@ use tidemark_core::{Error, Origin, RawData, RawRecord};
 
 use super::{io_error, parse_error, strip_bom};
 
-/// A parsed JSON file's records.
-pub(super) struct JsonCursor {
+/// A parsed JSON file's (or HTTP page's) records.
+pub(crate) struct JsonCursor {
     records: std::vec::IntoIter<Value>,
     resource: Arc<str>,
     /// Records handed out so far.
@@ -31,7 +31,16 @@ impl JsonCursor {
         resource: Arc<str>,
         pointer: &str,
     ) -> Result<JsonCursor, Error> {
-        let mut doc = parse_document(&mut file, &resource)?;
+        let doc = parse_document(&mut file, &resource)?;
+        JsonCursor::from_document(doc, resource, pointer)
+    }
+
+    /// Takes the array at `pointer` out of an already parsed document.
+    pub(crate) fn from_document(
+        mut doc: Value,
+        resource: Arc<str>,
+        pointer: &str,
+    ) -> Result<JsonCursor, Error> {
         let shown = if pointer.is_empty() {
             "\"\" (the whole document)".to_string()
         } else {
@@ -62,7 +71,7 @@ impl JsonCursor {
     }
 
     /// The next record, or `None` when the array is exhausted.
-    pub(super) fn next_record(&mut self) -> Result<Option<RawRecord>, Error> {
+    pub(crate) fn next_record(&mut self) -> Result<Option<RawRecord>, Error> {
         let Some(value) = self.records.next() else {
             return Ok(None);
         };

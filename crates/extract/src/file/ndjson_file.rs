@@ -1,8 +1,8 @@
-//! NDJSON files: one JSON value per line, streamed. Blank lines are skipped
+//! NDJSON files (and HTTP pages): one JSON value per line, streamed. Blank lines are skipped
 //! (exporters often end with one, or separate chunks with them).
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::sync::Arc;
 
 use tidemark_core::{Error, Origin, RawData, RawRecord};
@@ -13,9 +13,9 @@ use super::{io_error, parse_error, strip_bom};
 /// not pin its memory for the rest of the file.
 const KEEP_LINE_CAPACITY: usize = 1 << 20;
 
-/// An open NDJSON file.
-pub(super) struct NdjsonCursor {
-    reader: BufReader<File>,
+/// An open NDJSON file (or any other reader, such as an HTTP page's body).
+pub(crate) struct NdjsonCursor<R = File> {
+    reader: BufReader<R>,
     buf: Vec<u8>,
     resource: Arc<str>,
     /// Lines read so far, blank ones included.
@@ -24,8 +24,8 @@ pub(super) struct NdjsonCursor {
     record: u64,
 }
 
-impl NdjsonCursor {
-    pub(super) fn new(file: File, resource: Arc<str>) -> NdjsonCursor {
+impl<R: Read> NdjsonCursor<R> {
+    pub(crate) fn new(file: R, resource: Arc<str>) -> NdjsonCursor<R> {
         NdjsonCursor {
             reader: BufReader::new(file),
             buf: Vec::new(),
@@ -38,7 +38,7 @@ impl NdjsonCursor {
     /// The next non-blank line's value, or `None` at the end of the file.
     /// Lines are read as bytes and checked as UTF-8 here, so bad encoding is
     /// a parse error at its line rather than an I/O error.
-    pub(super) fn next_record(&mut self) -> Result<Option<RawRecord>, Error> {
+    pub(crate) fn next_record(&mut self) -> Result<Option<RawRecord>, Error> {
         loop {
             if self.buf.capacity() > KEEP_LINE_CAPACITY {
                 self.buf = Vec::new();

@@ -52,14 +52,28 @@ impl SqliteStore {
         Ok(store)
     }
 
+    /// Applies the ledger migrations. SQLite has no advisory lock, so two
+    /// processes starting on a fresh file can both try to apply the same
+    /// migration; the loser fails on "already exists" after the winner
+    /// committed, and simply tries again (and then finds nothing to do).
     pub(crate) async fn migrate(&self) -> Result<(), Error> {
-        sqlx::migrate!("../../migrations/sqlite")
-            .run(&self.pool)
-            .await
-            .map_err(|e| Error::Database {
-                message: format!("ledger migration failed: {e}"),
-                transient: false,
-            })
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match sqlx::migrate!("../../migrations/sqlite").run(&self.pool).await {
+                Ok(()) => return Ok(()),
+                Err(e) if tries < 5 => {
+                    tracing::debug!(error = %e, "ledger migration raced another process; trying again");
+                    tokio::time::sleep(Duration::from_millis(100 * tries)).await;
+                }
+                Err(e) => {
+                    return Err(Error::Database {
+                        message: format!("ledger migration failed: {e}"),
+                        transient: false,
+                    })
+                }
+            }
+        }
     }
 
     pub(crate) async fn ensure_table(&self, schema: &TableSchema) -> Result<(), Error> {

@@ -1,0 +1,470 @@
+//! `transport = "http"`: records from an HTTP API, page by page.
+//!
+//! The reader holds one page at a time: it fetches a page, hands out its
+//! records in batches of at most `load.batch_size` (a batch may span pages
+//! or end inside one), and fetches the next page only when the batch needs
+//! more records. Memory is one page body plus one batch, however long the
+//! period.
+//!
+//! Each batch ends at a checkpoint naming the page in progress by its
+//! request (page number, offset, cursor or next URL) and the records of it
+//! already handed out. A resumed attempt fetches that page again, skips the
+//! handed-out records, and never fetches the pages before it. When a batch
+//! ends exactly at the end of a page, the checkpoint already names the next
+//! page (or says the source is exhausted), so nothing is fetched twice.
+//!
+//! Requests are retried here, per request, for transient failures (see
+//! [`request`]); the runner sees only permanent errors.
+
+mod limiter;
+mod page;
+mod paging;
+mod request;
+mod retry_after;
+mod secrets;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tidemark_core::spec::{Format, HttpSourceSpec};
+use tidemark_core::{Error, Period, Pipeline, RawRecord};
+use tracing::debug;
+
+use crate::{Batch, Checkpoint};
+use page::{Decoder, PageInput, Records};
+use paging::{Continuation, PageRequest};
+use request::Fetcher;
+
+/// The checkpoint format's version; bump it when its meaning changes.
+const CHECKPOINT_VERSION: u32 = 1;
+/// The checkpoint's `kind`, so another transport's checkpoint is refused.
+const CHECKPOINT_KIND: &str = "http";
+/// Records preallocated per batch (see the file reader).
+const PREALLOCATE_RECORDS: usize = 4096;
+
+/// Reads one `transport = "http"` source for one period.
+///
+/// After an error the reader is fused: every later call returns that error.
+pub struct HttpReader {
+    source: String,
+    state: Option<Box<State>>,
+    failed: Option<Error>,
+}
+
+impl fmt::Debug for HttpReader {
+    /// Names the source and position only: the requests' headers and URL
+    /// may hold secrets.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("HttpReader");
+        d.field("source", &self.source);
+        if let Some(state) = &self.state {
+            let page = state.page.as_ref().map(|p| p.at.number);
+            d.field("page", &page)
+                .field("exhausted", &(state.page.is_none() && state.next.is_none()));
+        }
+        d.field("failed", &self.failed.is_some()).finish()
+    }
+}
+
+/// What `validate --check-source` shows: the first page of a period.
+#[derive(Debug)]
+pub struct FirstPage {
+    /// The page's URL (secrets redacted) or, for files, the first file.
+    pub resource: String,
+    /// How many records the page holds.
+    pub records: u64,
+    /// The first of them, if any.
+    pub first: Option<RawRecord>,
+}
+
+impl HttpReader {
+    /// Prepares the requests of `spec` for `period`, positioned at the first
+    /// page or just after `resume`.
+    ///
+    /// Configuration problems (a URL or header that is invalid once
+    /// templated, a pagination that does not fit the format) are config
+    /// errors. When `resume` is inside a page, that page is fetched again
+    /// here; if it no longer has the records the checkpoint counted, or
+    /// the checkpoint is of another kind or pagination style, the error is
+    /// [`Error::Invariant`] and the caller starts the period over.
+    pub async fn open(
+        pipeline: &Pipeline,
+        spec: &HttpSourceSpec,
+        period: &Period,
+        resume: Option<&Checkpoint>,
+    ) -> Result<HttpReader, Error> {
+        let fetcher = Fetcher::new(pipeline, spec, period)?;
+        let mut state = Box::new(State {
+            decoder: decoder(pipeline, spec)?,
+            batch_size: pipeline.spec.load.batch_size,
+            next: Some(PageAt {
+                number: 1,
+                request: paging::first(&spec.pagination),
+            }),
+            page: None,
+            fetcher,
+        });
+        if let Some(resume) = resume {
+            state.resume(resume).await?;
+        }
+        Ok(HttpReader {
+            source: spec.id.clone(),
+            state: Some(state),
+            failed: None,
+        })
+    }
+
+    /// The next batch of at most `load.batch_size` records, or `None` once
+    /// the last page is read.
+    pub async fn next_batch(&mut self) -> Result<Option<Batch>, Error> {
+        if let Some(err) = &self.failed {
+            return Err(err.clone());
+        }
+        let result = match self.state.take() {
+            Some(mut state) => {
+                let result = state.read_batch().await;
+                self.state = Some(state);
+                result
+            }
+            None => Err(Error::source_permanent(format!(
+                "source {}: the HTTP reader was interrupted during an earlier read; open it again",
+                self.source
+            ))),
+        };
+        match &result {
+            Ok(Some(batch)) => {
+                debug!(source = %self.source, records = batch.records.len(), "read batch")
+            }
+            Ok(None) => debug!(source = %self.source, "source exhausted"),
+            Err(err) => self.failed = Some(err.clone()),
+        }
+        result
+    }
+
+    /// Fetches the first page of `period` (with the usual retries) and
+    /// counts its records, without reading further: a dry run of the
+    /// source's URL, headers, format and records pointer.
+    pub async fn first_page(
+        pipeline: &Pipeline,
+        spec: &HttpSourceSpec,
+        period: &Period,
+    ) -> Result<FirstPage, Error> {
+        let reader = HttpReader::open(pipeline, spec, period, None).await?;
+        let Some(mut state) = reader.state else {
+            return Err(Error::source_permanent("the HTTP reader did not open"));
+        };
+        let Some(at) = state.next.take() else {
+            return Err(Error::source_permanent("the source has no first page"));
+        };
+        let page = state.fetch(at).await?;
+        let resource = page.resource.to_string();
+        let (records, first) = run_blocking(move || page.count()).await??;
+        Ok(FirstPage {
+            resource,
+            records,
+            first,
+        })
+    }
+}
+
+fn decoder(pipeline: &Pipeline, spec: &HttpSourceSpec) -> Result<Decoder, Error> {
+    Ok(match spec.format {
+        Format::Json => Decoder::Json {
+            pointer: spec.records.clone().unwrap_or_default(),
+        },
+        Format::Ndjson => Decoder::Ndjson,
+        Format::Csv => Decoder::Csv {
+            delimiter: u8::try_from(spec.delimiter.unwrap_or(',')).map_err(|_| {
+                Error::config(
+                    pipeline.file_name(),
+                    format!("sources.{}.delimiter", spec.id),
+                    "must be one ASCII character",
+                )
+            })?,
+        },
+    })
+}
+
+/// A page of the period: its 1-based number and its request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct PageAt {
+    number: u64,
+    #[serde(flatten)]
+    request: PageRequest,
+}
+
+/// The reader's position and tools.
+struct State {
+    fetcher: Fetcher,
+    decoder: Decoder,
+    batch_size: usize,
+    /// The page to fetch once `page` is exhausted; `None`: no more pages.
+    next: Option<PageAt>,
+    /// The page being handed out.
+    page: Option<Box<OpenPage>>,
+}
+
+impl State {
+    /// Fills one batch, fetching pages as needed.
+    async fn read_batch(&mut self) -> Result<Option<Batch>, Error> {
+        let mut records = Vec::with_capacity(self.batch_size.min(PREALLOCATE_RECORDS));
+        while records.len() < self.batch_size {
+            let page = match self.page.take() {
+                Some(page) => page,
+                None => match self.next.take() {
+                    Some(at) => self.fetch(at).await?,
+                    None => break,
+                },
+            };
+            let want = self.batch_size - records.len();
+            let (page, filled, exhausted) = run_blocking(move || {
+                let mut page = page;
+                let mut records = records;
+                let exhausted = page.fill(&mut records, want);
+                (page, records, exhausted)
+            })
+            .await?;
+            records = filled;
+            if exhausted? {
+                self.next = page.after(self.fetcher.pagination());
+            } else {
+                self.page = Some(page);
+            }
+        }
+        if records.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Batch {
+            records,
+            checkpoint: self.checkpoint(),
+        }))
+    }
+
+    /// Fetches and decodes the page `at`, retrying transient failures
+    /// (including a body that was cut short).
+    async fn fetch(&self, at: PageAt) -> Result<Box<OpenPage>, Error> {
+        let fetcher = &self.fetcher;
+        let url = fetcher.url(&at.request)?;
+        let shown: Arc<str> = Arc::from(fetcher.show(&url));
+        let (url_ref, shown_ref, at_ref, decoder) = (&url, &shown, &at, &self.decoder);
+        let decoded = fetcher
+            .with_retries(&shown, at.number, || async move {
+                let fetched = fetcher.get(url_ref, shown_ref).await?;
+                let input = PageInput {
+                    resource: Arc::clone(shown_ref),
+                    number: at_ref.number,
+                    pagination: fetcher.pagination().clone(),
+                    request: at_ref.request.clone(),
+                    next_link: fetched
+                        .next_link
+                        .map(|u| fetcher.secrets().seal(u.as_str())),
+                    no_content: fetched.status == reqwest::StatusCode::NO_CONTENT,
+                };
+                let decoder = decoder.clone();
+                let body = fetched.body;
+                // Decoding a large page is CPU work: keep it off the runtime.
+                run_blocking(move || decoder.decode(body, &input)).await?
+            })
+            .await?;
+        debug!(page = at.number, url = %shown, "fetched page");
+        Ok(Box::new(OpenPage {
+            at,
+            resource: shown,
+            records: decoded.records,
+            continuation: decoded.continuation,
+            consumed: 0,
+            peeked: None,
+            deferred: None,
+        }))
+    }
+
+    /// Positions the reader just after `checkpoint`.
+    async fn resume(&mut self, checkpoint: &Checkpoint) -> Result<(), Error> {
+        let cp = HttpCheckpoint::read(checkpoint, self.fetcher.pagination())?;
+        let Some(at) = cp.page else {
+            debug!("resuming after the last page: nothing left to fetch");
+            self.next = None;
+            return Ok(());
+        };
+        debug!(page = at.number, records = cp.records, "resuming");
+        if cp.records == 0 {
+            self.next = Some(at);
+            return Ok(());
+        }
+        let page = self.fetch(at).await?;
+        let skip = cp.records;
+        let (page, skipped) = run_blocking(move || {
+            let mut page = page;
+            let skipped = page.skip(skip);
+            (page, skipped)
+        })
+        .await?;
+        skipped?;
+        self.next = None;
+        self.page = Some(page);
+        Ok(())
+    }
+
+    /// The position after the records handed out so far.
+    fn checkpoint(&self) -> Checkpoint {
+        let (page, records) = match (&self.page, &self.next) {
+            (Some(page), _) => (Some(&page.at), page.consumed),
+            (None, next) => (next.as_ref(), 0),
+        };
+        let mut cp = serde_json::json!({
+            "v": CHECKPOINT_VERSION,
+            "kind": CHECKPOINT_KIND,
+            "records": records,
+        });
+        match page {
+            Some(at) => cp["page"] = serde_json::to_value(at).unwrap_or_default(),
+            None => cp["done"] = serde_json::Value::Bool(true),
+        }
+        cp
+    }
+}
+
+/// The checkpoint as stored.
+#[derive(Debug, Serialize, Deserialize)]
+struct HttpCheckpoint {
+    v: u32,
+    kind: String,
+    /// The page in progress, or `None` (with `done: true`) after the last.
+    #[serde(default)]
+    page: Option<PageAt>,
+    /// Records of that page already handed out.
+    #[serde(default)]
+    records: u64,
+    #[serde(default)]
+    done: bool,
+}
+
+impl HttpCheckpoint {
+    /// Reads a checkpoint and checks it fits the source as configured now.
+    fn read(
+        checkpoint: &Checkpoint,
+        pagination: &tidemark_core::spec::Pagination,
+    ) -> Result<HttpCheckpoint, Error> {
+        let cp = HttpCheckpoint::deserialize(checkpoint)
+            .map_err(|e| mismatch(format!("unreadable checkpoint: {e}")))?;
+        if cp.v != CHECKPOINT_VERSION || cp.kind != CHECKPOINT_KIND {
+            return Err(mismatch(format!(
+                "unknown checkpoint version {} of kind {:?} (expected version {CHECKPOINT_VERSION} of kind {CHECKPOINT_KIND:?})",
+                cp.v, cp.kind
+            )));
+        }
+        match &cp.page {
+            None if !cp.done => Err(mismatch("the checkpoint names no page".into())),
+            Some(at) if !paging::same_style(pagination, &at.request) => Err(mismatch(format!(
+                "it was written with another pagination style than the configured {:?}",
+                paging::style_name(pagination)
+            ))),
+            _ => Ok(cp),
+        }
+    }
+}
+
+fn mismatch(why: String) -> Error {
+    Error::Invariant(format!("checkpoint does not match the HTTP source: {why}"))
+}
+
+/// A fetched page being handed out.
+struct OpenPage {
+    at: PageAt,
+    resource: Arc<str>,
+    records: Records,
+    continuation: Continuation,
+    /// Records handed out (or skipped on resume).
+    consumed: u64,
+    /// A record read ahead to learn whether the page is exhausted.
+    peeked: Option<RawRecord>,
+    /// An error met while reading ahead: returned by the next `fill`, so
+    /// the full batch before it is still committed.
+    deferred: Option<Error>,
+}
+
+impl OpenPage {
+    /// Moves up to `want` records into `out`. `Ok(true)` when the page is
+    /// exhausted: then the checkpoint can name the next page rather than
+    /// this one, and a resume does not fetch this page again.
+    fn fill(&mut self, out: &mut Vec<RawRecord>, want: usize) -> Result<bool, Error> {
+        if let Some(err) = self.deferred.take() {
+            return Err(err);
+        }
+        for _ in 0..want {
+            match self.take()? {
+                Some(record) => out.push(record),
+                None => return Ok(true),
+            }
+        }
+        match self.records.next_record(self.at.number) {
+            Ok(None) => Ok(true),
+            Ok(Some(record)) => {
+                self.peeked = Some(record);
+                Ok(false)
+            }
+            Err(err) => {
+                self.deferred = Some(err);
+                Ok(false)
+            }
+        }
+    }
+
+    fn take(&mut self) -> Result<Option<RawRecord>, Error> {
+        let record = match self.peeked.take() {
+            Some(record) => Some(record),
+            None => self.records.next_record(self.at.number)?,
+        };
+        if record.is_some() {
+            self.consumed += 1;
+        }
+        Ok(record)
+    }
+
+    /// Skips the `n` records a checkpoint says were handed out already.
+    fn skip(&mut self, n: u64) -> Result<(), Error> {
+        for _ in 0..n {
+            if self.take()?.is_none() {
+                return Err(mismatch(format!(
+                    "page {} ({}) now has {} records, but the checkpoint is after record {n}",
+                    self.at.number, self.resource, self.consumed
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts the remaining records, keeping the first.
+    fn count(mut self: Box<Self>) -> Result<(u64, Option<RawRecord>), Error> {
+        let first = self.take()?;
+        while self.take()?.is_some() {}
+        Ok((self.consumed, first))
+    }
+
+    /// The page after this exhausted one.
+    fn after(&self, pagination: &tidemark_core::spec::Pagination) -> Option<PageAt> {
+        let request = match &self.continuation {
+            Continuation::Known(next) => next.clone(),
+            Continuation::ByCount => {
+                paging::after_count(pagination, &self.at.request, self.consumed)
+            }
+        };
+        request.map(|request| PageAt {
+            number: self.at.number + 1,
+            request,
+        })
+    }
+}
+
+/// Runs CPU-bound work on tokio's blocking pool, inside the caller's span.
+async fn run_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Error> {
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(work))
+        .await
+        .map_err(|e| Error::source_permanent(format!("page decoding task failed: {e}")))
+}

@@ -1,0 +1,487 @@
+//! One source's requests: built from the templates, sent under the shared
+//! rate limit, classified as transient or permanent, and retried.
+//!
+//! Every message that leaves this module has gone through
+//! [`Secrets::redact`], including the client library's own error texts,
+//! which may quote the request URL.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::DefaultDirectRateLimiter;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, LINK, RETRY_AFTER};
+use reqwest::{Client, Response, StatusCode, Url};
+use tidemark_core::spec::{Format, HttpSourceSpec, Pagination};
+use tidemark_core::template::{Template, TemplateContext};
+use tidemark_core::{Error, Period, Pipeline, RetryPolicy};
+use tracing::{debug, warn};
+
+use super::limiter;
+use super::paging::{self, PageRequest};
+use super::secrets::Secrets;
+
+/// Per-request timeout when the source sets none.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Redirects followed for one request.
+const MAX_REDIRECTS: usize = 10;
+/// Bytes of an error response's body quoted in the message.
+const EXCERPT_BYTES: usize = 300;
+/// Preallocation cap for a body whose `Content-Length` is announced: a
+/// hostile or broken header must not reserve gigabytes up front.
+const MAX_PREALLOCATE: usize = 16 << 20;
+
+/// Builds and sends the requests of one source for one period.
+pub(crate) struct Fetcher {
+    client: Client,
+    /// The rendered `url` (may hold secrets; never shown as is).
+    base: Url,
+    /// The rendered `query`, in file order.
+    query: Vec<(String, String)>,
+    /// The rendered `headers`; those read from `${ENV}` are marked sensitive.
+    headers: HeaderMap,
+    pagination: Pagination,
+    secrets: Secrets,
+    limiter: Option<Arc<DefaultDirectRateLimiter>>,
+    retry: RetryPolicy,
+}
+
+/// A successful (2xx) response, read to its end.
+pub(crate) struct Fetched {
+    /// The status (204 means "no records").
+    pub(crate) status: StatusCode,
+    /// The whole (decompressed) body.
+    pub(crate) body: Vec<u8>,
+    /// The `rel="next"` link, resolved against the response URL.
+    pub(crate) next_link: Option<Url>,
+}
+
+impl Fetcher {
+    /// Renders the source's templates for `period` and prepares the client.
+    /// Everything wrong here is a configuration error naming the key.
+    pub(crate) fn new(
+        pipeline: &Pipeline,
+        spec: &HttpSourceSpec,
+        period: &Period,
+    ) -> Result<Fetcher, Error> {
+        let r = Renderer {
+            pipeline,
+            spec,
+            ctx: TemplateContext {
+                period,
+                source_id: &spec.id,
+                pipeline: &pipeline.spec.name,
+            },
+        };
+        let url = Template::parse(&spec.url).map_err(|e| r.config("url", e))?;
+        let query = r.parse_table("query", &spec.query)?;
+        let headers = r.parse_table("headers", &spec.headers)?;
+        let secrets = Secrets::from_templates(
+            std::iter::once(&url)
+                .chain(query.iter().map(|(_, t)| t))
+                .chain(headers.iter().map(|(_, t)| t)),
+        );
+        check_pagination(spec).map_err(|(key, message)| r.config(key, message))?;
+        let guard_secrets = headers.iter().any(|(_, t)| t.uses_env());
+        let client = Client::builder()
+            .timeout(r.timeout()?)
+            .redirect(redirect_policy(guard_secrets))
+            .user_agent(concat!("tidemark/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| {
+                Error::source_permanent(format!("cannot set up the HTTP client: {}", chain(&e)))
+            })?;
+        Ok(Fetcher {
+            client,
+            base: r.url(&url, &secrets)?,
+            query: r.query(&query)?,
+            headers: r.headers(&headers)?,
+            pagination: spec.pagination.clone(),
+            secrets,
+            limiter: spec
+                .rate_limit
+                .and_then(|limit| limiter::shared(&pipeline.spec.name, &spec.id, limit)),
+            retry: pipeline.retry,
+        })
+    }
+
+    /// The source's secrets, to redact and seal text built elsewhere.
+    pub(crate) fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
+    /// The pagination style.
+    pub(crate) fn pagination(&self) -> &Pagination {
+        &self.pagination
+    }
+
+    /// The URL that fetches the page `request` names.
+    pub(crate) fn url(&self, request: &PageRequest) -> Result<Url, Error> {
+        if let PageRequest::LinkHeader { url: Some(sealed) } = request {
+            return self.link_url(sealed);
+        }
+        let mut url = self.base.clone();
+        let params = paging::query_params(&self.pagination, request);
+        if !self.query.is_empty() || !params.is_empty() {
+            url.query_pairs_mut()
+                .extend_pairs(self.query.iter().chain(params.iter()));
+        }
+        Ok(url)
+    }
+
+    /// A `rel="next"` URL as given by the server, plus any configured query
+    /// parameter it does not carry (an API key the server does not echo).
+    fn link_url(&self, sealed: &str) -> Result<Url, Error> {
+        let mut url = Url::parse(&self.secrets.unseal(sealed)).map_err(|e| {
+            Error::source_permanent(format!(
+                "invalid next-page link {}: {e}",
+                self.secrets.redact(sealed)
+            ))
+        })?;
+        let present: HashSet<String> = url.query_pairs().map(|(k, _)| k.into_owned()).collect();
+        let missing: Vec<&(String, String)> = self
+            .query
+            .iter()
+            .filter(|(k, _)| !present.contains(k))
+            .collect();
+        if !missing.is_empty() {
+            url.query_pairs_mut().extend_pairs(missing);
+        }
+        Ok(url)
+    }
+
+    /// `url` as it may be shown: secrets replaced by `***`.
+    pub(crate) fn show(&self, url: &Url) -> String {
+        self.secrets.redact(url.as_str()).into_owned()
+    }
+
+    /// One GET of `url`, after waiting for the rate limit. Errors are
+    /// classified: connect/timeout/reset/truncated body, 408, 429 and 5xx
+    /// are transient (with the server's `Retry-After`), anything else
+    /// permanent.
+    pub(crate) async fn get(&self, url: &Url, shown: &str) -> Result<Fetched, Error> {
+        if let Some(limiter) = &self.limiter {
+            limiter.until_ready().await;
+        }
+        debug!(url = %shown, "GET");
+        let response = self
+            .client
+            .get(url.clone())
+            .headers(self.headers.clone())
+            .send()
+            .await
+            .map_err(|e| self.transport_error(shown, "request failed", e))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(self.status_error(shown, response).await);
+        }
+        let next_link = self.next_link(shown, &response)?;
+        let body = read_body(response)
+            .await
+            .map_err(|e| self.transport_error(shown, "reading the response body failed", e))?;
+        Ok(Fetched {
+            status,
+            body,
+            next_link,
+        })
+    }
+
+    fn next_link(&self, shown: &str, response: &Response) -> Result<Option<Url>, Error> {
+        let values = response
+            .headers()
+            .get_all(LINK)
+            .into_iter()
+            .filter_map(|v| v.to_str().ok());
+        let Some(target) = paging::next_link(values) else {
+            return Ok(None);
+        };
+        response.url().join(&target).map(Some).map_err(|e| {
+            let target = self.secrets.redact(&target);
+            Error::source_permanent(format!(
+                "GET {shown}: the rel=\"next\" link {target:?} is not a URL: {e}"
+            ))
+        })
+    }
+
+    async fn status_error(&self, shown: &str, response: Response) -> Error {
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| super::retry_after::parse(v, chrono::Utc::now()));
+        let redirect = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .filter(|_| status.is_redirection())
+            .map(|to| {
+                let to = String::from_utf8_lossy(to.as_bytes());
+                format!(" (redirect to {to} not followed: it leaves the origin and the request carries secret headers)")
+            })
+            .unwrap_or_default();
+        let excerpt = excerpt(response).await;
+        let message = format!("GET {shown}: HTTP {status}{redirect}{excerpt}");
+        let message = self.secrets.redact(&message).into_owned();
+        let transient = status == StatusCode::REQUEST_TIMEOUT
+            || status == StatusCode::TOO_MANY_REQUESTS
+            || status.is_server_error();
+        Error::Source {
+            message,
+            transient,
+            retry_after: retry_after.filter(|_| transient),
+        }
+    }
+
+    /// A failure below HTTP (connect, TLS, reset, timeout, body cut short):
+    /// transient, except for a request that could not even be built or a
+    /// redirect loop.
+    fn transport_error(&self, shown: &str, what: &str, err: reqwest::Error) -> Error {
+        let transient = err.is_timeout()
+            || err.is_connect()
+            || err.is_request()
+            || err.is_body()
+            || err.is_decode();
+        // The URL is in `shown` already, redacted; the client's copy is not.
+        let message = format!("GET {shown}: {what}: {}", chain(&err.without_url()));
+        let message = self.secrets.redact(&message).into_owned();
+        if transient {
+            Error::source_transient(message)
+        } else {
+            Error::source_permanent(message)
+        }
+    }
+
+    /// Runs `op` (one request of page `page`, and whatever must succeed with
+    /// it) until it succeeds, fails permanently, or `retry.max_attempts`
+    /// tries are used up. The last transient error is then returned as
+    /// permanent, so the runner does not retry again on top of this.
+    pub(crate) async fn with_retries<T, F, Fut>(
+        &self,
+        shown: &str,
+        page: u64,
+        mut op: F,
+    ) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        let policy = &self.retry;
+        let mut attempt = 1;
+        loop {
+            let err = match op().await {
+                Ok(value) => return Ok(value),
+                Err(err) if err.is_transient() => err,
+                Err(err) => return Err(err),
+            };
+            if attempt >= policy.max_attempts {
+                return Err(Error::source_permanent(format!(
+                    "{err} (gave up after {attempt} attempts)"
+                )));
+            }
+            let delay = policy.delay(attempt, err.retry_after(), rand::random::<f64>());
+            warn!(
+                cause = %err,
+                request_attempt = attempt,
+                max_attempts = policy.max_attempts,
+                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                url = %shown,
+                page,
+                "HTTP request failed with a transient error; retrying"
+            );
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+}
+
+/// Renders one source's templates for one period; every error is a
+/// configuration error naming the source's key, and never quotes a value
+/// that may hold a secret.
+struct Renderer<'a> {
+    pipeline: &'a Pipeline,
+    spec: &'a HttpSourceSpec,
+    ctx: TemplateContext<'a>,
+}
+
+impl Renderer<'_> {
+    fn config(&self, key: &str, message: impl Into<String>) -> Error {
+        Error::config(
+            self.pipeline.file_name(),
+            format!("sources.{}.{key}", self.spec.id),
+            message,
+        )
+    }
+
+    fn render(&self, key: &str, template: &Template) -> Result<String, Error> {
+        template
+            .render(&self.ctx)
+            .map_err(|e| self.config(key, e.to_string()))
+    }
+
+    /// Parses every template of the `query` or `headers` table, in file order.
+    fn parse_table<'t>(
+        &self,
+        table: &str,
+        entries: impl IntoIterator<Item = (&'t String, &'t String)>,
+    ) -> Result<Vec<(String, Template)>, Error> {
+        entries
+            .into_iter()
+            .map(|(k, v)| {
+                Template::parse(v)
+                    .map(|t| (k.clone(), t))
+                    .map_err(|e| self.config(&format!("{table}.{k}"), e))
+            })
+            .collect()
+    }
+
+    fn url(&self, template: &Template, secrets: &Secrets) -> Result<Url, Error> {
+        let rendered = self.render("url", template)?;
+        let url = Url::parse(&rendered).map_err(|e| {
+            let shown = secrets.redact(&rendered);
+            self.config("url", format!("invalid URL {shown}: {e}"))
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            let scheme = url.scheme();
+            return Err(self.config(
+                "url",
+                format!("the URL must be http or https, not {scheme:?}"),
+            ));
+        }
+        Ok(url)
+    }
+
+    /// The rendered `query`. A parameter the pagination sets itself would
+    /// be sent twice, so it is refused.
+    fn query(&self, templates: &[(String, Template)]) -> Result<Vec<(String, String)>, Error> {
+        let reserved = paging::param_names(&self.spec.pagination);
+        templates
+            .iter()
+            .map(|(name, template)| {
+                let key = format!("query.{name}");
+                if reserved.contains(&name.as_str()) {
+                    let why = format!("`{name}` is set by the pagination; remove it from `query`");
+                    return Err(self.config(&key, why));
+                }
+                Ok((name.clone(), self.render(&key, template)?))
+            })
+            .collect()
+    }
+
+    /// The rendered `headers`, those read from `${ENV}` marked sensitive
+    /// (kept out of the client's debug output), plus a default `Accept`.
+    fn headers(&self, templates: &[(String, Template)]) -> Result<HeaderMap, Error> {
+        let mut headers = HeaderMap::new();
+        for (name, template) in templates {
+            let key = format!("headers.{name}");
+            let header = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| self.config(&key, format!("{name:?} is not a valid header name")))?;
+            let mut value = HeaderValue::from_str(&self.render(&key, template)?).map_err(|_| {
+                self.config(&key, "the value is not a valid header value once templated")
+            })?;
+            value.set_sensitive(template.uses_env());
+            headers.append(header, value);
+        }
+        if !headers.contains_key(ACCEPT) {
+            headers.insert(ACCEPT, HeaderValue::from_static(accept(self.spec.format)));
+        }
+        Ok(headers)
+    }
+
+    fn timeout(&self) -> Result<Duration, Error> {
+        match &self.spec.timeout {
+            Some(text) => humantime::parse_duration(text)
+                .map_err(|e| self.config("timeout", format!("invalid duration {text:?}: {e}"))),
+            None => Ok(DEFAULT_TIMEOUT),
+        }
+    }
+}
+
+/// Pagination settings that only make sense with some formats.
+fn check_pagination(spec: &HttpSourceSpec) -> Result<(), (&'static str, String)> {
+    match &spec.pagination {
+        Pagination::Cursor { .. } if spec.format != Format::Json => Err((
+            "pagination",
+            "style \"cursor\" reads the next cursor from a JSON body, so it needs format = \"json\"".into(),
+        )),
+        Pagination::Offset { size: 0, .. } | Pagination::Page { size: Some(0), .. } => {
+            Err(("pagination.size", "must be at least 1".into()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Follows redirects, but not away from the original origin when the
+/// request carries secret headers: the client drops `Authorization` on such
+/// a hop, but not a custom header such as `X-Api-Key`.
+fn redirect_policy(guard_secrets: bool) -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() > MAX_REDIRECTS {
+            return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+        }
+        let leaves_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() != attempt.url().origin());
+        if guard_secrets && leaves_origin {
+            attempt.stop()
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
+fn accept(format: Format) -> &'static str {
+    match format {
+        Format::Json => "application/json",
+        Format::Ndjson => "application/x-ndjson, application/json;q=0.9, */*;q=0.1",
+        Format::Csv => "text/csv, */*;q=0.1",
+    }
+}
+
+/// Reads a body to its end. A body shorter than its `Content-Length`, or a
+/// chunked body cut off, fails here (and is retried as transient).
+async fn read_body(mut response: Response) -> Result<Vec<u8>, reqwest::Error> {
+    let announced = response
+        .content_length()
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0);
+    let mut body = Vec::with_capacity(announced.min(MAX_PREALLOCATE));
+    while let Some(chunk) = response.chunk().await? {
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// `": <the start of the body>"` of an error response, on one line, or
+/// nothing when the body is empty or unreadable.
+async fn excerpt(mut response: Response) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < EXCERPT_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(EXCERPT_BYTES)]);
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!(": {text}")
+    }
+}
+
+/// An error and its causes, `a: b: c`, without the repeats some layers add.
+fn chain(err: &reqwest::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut current: Option<&dyn std::error::Error> = Some(err);
+    while let Some(e) = current {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        current = e.source();
+    }
+    parts.join(": ")
+}
