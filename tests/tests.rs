@@ -5,3 +5,4 @@ mod support;
 
 mod foundation;
 mod http;
+mod scheduler;

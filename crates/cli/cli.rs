@@ -21,7 +21,12 @@ pub struct Cli {
 pub struct Global {
     /// Destination database, which also holds the ledger:
     /// sqlite://PATH (created when missing) or postgres://USER@HOST/DB.
-    #[arg(long, global = true, env = "TIDEMARK_DATABASE_URL", default_value = "sqlite://tidemark.db")]
+    #[arg(
+        long,
+        global = true,
+        env = "TIDEMARK_DATABASE_URL",
+        default_value = "sqlite://tidemark.db"
+    )]
     pub database_url: String,
 
     /// Folder where pipeline names are looked up as NAME.toml.
@@ -51,6 +56,14 @@ pub enum Command {
     Run(RunArgs),
     /// Run every period from --from to --to (both included).
     Backfill(BackfillArgs),
+    /// Run the due periods of pipelines: every period from period.start whose
+    /// end + lag has passed and that is not done yet, plus the last `lookback`
+    /// done ones again (late data).
+    Sync(SyncArgs),
+    /// Run `sync` for every pipeline in --pipelines DIR on its [schedule],
+    /// until interrupted. Any number of `serve` processes may share one
+    /// PostgreSQL: the ledger makes sure no period runs twice at once.
+    Serve(ServeArgs),
     /// Show the ledger: what happened to each period.
     Status(StatusArgs),
     /// Check pipeline files without touching any database.
@@ -116,6 +129,35 @@ pub struct BackfillArgs {
 
     /// Periods to run at once.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub concurrency: u16,
+}
+
+#[derive(Debug, Args)]
+pub struct SyncArgs {
+    /// Pipeline names or paths.
+    #[arg(
+        value_name = "PIPELINE",
+        required_unless_present = "all",
+        conflicts_with = "all"
+    )]
+    pub names: Vec<String>,
+
+    /// Every pipeline in --pipelines DIR.
+    #[arg(long)]
+    pub all: bool,
+
+    #[command(flatten)]
+    pub options: RunOptions,
+
+    /// Periods to run at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub concurrency: u16,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Periods to run at once in this process.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
 }
 

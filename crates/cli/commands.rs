@@ -7,7 +7,10 @@ use std::sync::Arc;
 use tidemark_core::{Error, Period, Pipeline, RunKey};
 use tidemark_load::{Store, WorkerId};
 
-use crate::cli::{BackfillArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, StatusArgs, ValidateArgs};
+use crate::cli::{
+    BackfillArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, StatusArgs, SyncArgs,
+    ValidateArgs,
+};
 use crate::engine::{worst_exit_code, Job, Outcome, RunFlags};
 use crate::output;
 
@@ -16,11 +19,16 @@ pub async fn dispatch(cli: Cli) -> Result<u8, Error> {
     match cli.command {
         Command::Run(args) => run(&cli.global, args).await,
         Command::Backfill(args) => backfill(&cli.global, args).await,
+        Command::Sync(args) => sync(&cli.global, args).await,
+        Command::Serve(args) => crate::serve::serve(&cli.global, args).await,
         Command::Status(args) => status(&cli.global, args).await,
         Command::Validate(args) => validate(&cli.global, &args),
         Command::Prune(args) => prune(&cli.global, args).await,
         Command::Migrate => {
-            Store::connect(&cli.global.database_url).await?.migrate().await?;
+            Store::connect(&cli.global.database_url)
+                .await?
+                .migrate()
+                .await?;
             tell!("ledger migrations applied");
             Ok(0)
         }
@@ -37,13 +45,17 @@ pub fn pipeline_path(global: &Global, name: &str) -> PathBuf {
 }
 
 /// Loads a pipeline and checks that every `${ENV}` it reads is set.
-fn load_pipeline(global: &Global, name: &str) -> Result<Pipeline, Error> {
+pub fn load_pipeline(global: &Global, name: &str) -> Result<Pipeline, Error> {
     let path = pipeline_path(global, name);
     if !path.exists() {
         return Err(Error::config(
             path.display().to_string(),
             "(file)",
-            format!("no pipeline file (looked for {}; pass a name from {} or a path to a .toml file)", path.display(), global.pipelines.display()),
+            format!(
+                "no pipeline file (looked for {}; pass a name from {} or a path to a .toml file)",
+                path.display(),
+                global.pipelines.display()
+            ),
         ));
     }
     let pipeline = Pipeline::load(&path)?;
@@ -53,12 +65,20 @@ fn load_pipeline(global: &Global, name: &str) -> Result<Pipeline, Error> {
 
 fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Error> {
     match only {
-        None => Ok(pipeline.spec.sources.iter().map(|s| s.id().to_string()).collect()),
+        None => Ok(pipeline
+            .spec
+            .sources
+            .iter()
+            .map(|s| s.id().to_string())
+            .collect()),
         Some(id) if pipeline.source(id).is_some() => Ok(vec![id.to_string()]),
         Some(id) => Err(Error::config(
             pipeline.file_name(),
             "--source",
-            format!("no source with id {id:?} (sources: {})", source_ids(pipeline, None)?.join(", ")),
+            format!(
+                "no source with id {id:?} (sources: {})",
+                source_ids(pipeline, None)?.join(", ")
+            ),
         )),
     }
 }
@@ -71,10 +91,20 @@ fn worker() -> WorkerId {
     }
 }
 
-fn jobs(store: &Store, pipeline: &Arc<Pipeline>, periods: &[Period], options: &RunOptions, wait: bool) -> Result<Vec<Job>, Error> {
+fn jobs(
+    store: &Store,
+    pipeline: &Arc<Pipeline>,
+    periods: &[Period],
+    options: &RunOptions,
+    wait: bool,
+) -> Result<Vec<Job>, Error> {
     let sources = source_ids(pipeline, options.source.as_deref())?;
     let worker = worker();
-    let flags = RunFlags { force: options.force, force_deletes: options.force_deletes, wait };
+    let flags = RunFlags {
+        force: options.force,
+        force_deletes: options.force_deletes,
+        wait,
+    };
     let mut jobs = Vec::new();
     for period in periods {
         for source in &sources {
@@ -82,7 +112,12 @@ fn jobs(store: &Store, pipeline: &Arc<Pipeline>, periods: &[Period], options: &R
                 store: store.clone(),
                 pipeline: Arc::clone(pipeline),
                 source_id: source.clone(),
-                key: RunKey::new(&pipeline.spec.name, source, &pipeline.spec.export_type, *period),
+                key: RunKey::new(
+                    &pipeline.spec.name,
+                    source,
+                    &pipeline.spec.export_type,
+                    *period,
+                ),
                 worker: worker.clone(),
                 flags,
             });
@@ -107,27 +142,19 @@ async fn run(global: &Global, args: RunArgs) -> Result<u8, Error> {
 }
 
 /// Configuration errors discovered while running keep exit code 2.
-fn outcome_code(outcome: &Outcome) -> u8 {
+pub fn outcome_code(outcome: &Outcome) -> u8 {
     match outcome {
         Outcome::Failed(e) if e.class() == tidemark_core::ErrorClass::Config => crate::EXIT_CONFIG,
         other => other.exit_code(),
     }
 }
 
-async fn backfill(global: &Global, args: BackfillArgs) -> Result<u8, Error> {
+/// Runs jobs `concurrency` at a time with a progress bar; outcomes sorted
+/// by period and source.
+pub async fn run_jobs(jobs: Vec<Job>, concurrency: usize) -> Vec<(RunKey, Outcome)> {
     use futures_util::StreamExt;
 
-    let pipeline = Arc::new(load_pipeline(global, &args.pipeline)?);
-    let from = pipeline.period(&args.from)?;
-    let to = pipeline.period(&args.to)?;
-    if to.start() < from.start() {
-        return Err(Error::config("command line", "--to", format!("{} is before --from {}", to.label(), from.label())));
-    }
-    let periods: Vec<Period> = Period::range_inclusive(from, to).collect();
-    source_ids(&pipeline, args.options.source.as_deref())?;
-    let store = Store::connect(&global.database_url).await?;
-    let jobs = jobs(&store, &pipeline, &periods, &args.options, false)?;
-    let progress = output::progress_bar(jobs.len() as u64, "periods");
+    let progress = output::progress_bar(jobs.len() as u64, "run keys");
     let mut results: Vec<(RunKey, Outcome)> = futures_util::stream::iter(jobs)
         .map(|job| {
             let progress = progress.clone();
@@ -138,21 +165,169 @@ async fn backfill(global: &Global, args: BackfillArgs) -> Result<u8, Error> {
                 (key, outcome)
             }
         })
-        .buffer_unordered(usize::from(args.concurrency))
+        .buffer_unordered(concurrency.max(1))
         .collect()
         .await;
     progress.finish_and_clear();
-    results.sort_by(|a, b| (a.0.period.start(), &a.0.source).cmp(&(b.0.period.start(), &b.0.source)));
+    results.sort_by(|a, b| {
+        (&a.0.pipeline, a.0.period.start(), &a.0.source).cmp(&(
+            &b.0.pipeline,
+            b.0.period.start(),
+            &b.0.source,
+        ))
+    });
+    results
+}
+
+async fn backfill(global: &Global, args: BackfillArgs) -> Result<u8, Error> {
+    let pipeline = Arc::new(load_pipeline(global, &args.pipeline)?);
+    let from = pipeline.period(&args.from)?;
+    let to = pipeline.period(&args.to)?;
+    if to.start() < from.start() {
+        return Err(Error::config(
+            "command line",
+            "--to",
+            format!("{} is before --from {}", to.label(), from.label()),
+        ));
+    }
+    let periods: Vec<Period> = Period::range_inclusive(from, to).collect();
+    source_ids(&pipeline, args.options.source.as_deref())?;
+    let store = Store::connect(&global.database_url).await?;
+    let jobs = jobs(&store, &pipeline, &periods, &args.options, false)?;
+    let results = run_jobs(jobs, usize::from(args.concurrency)).await;
     output::print_summary(&results);
-    Ok(worst_exit_code(results.iter().map(|(_, o)| outcome_code(o))))
+    Ok(worst_exit_code(
+        results.iter().map(|(_, o)| outcome_code(o)),
+    ))
+}
+
+/// Every pipeline file in the pipelines folder, loaded and checked.
+pub fn all_pipelines(global: &Global) -> Result<Vec<Pipeline>, Error> {
+    let dir = &global.pipelines;
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        Error::config(
+            dir.display().to_string(),
+            "--pipelines",
+            format!("cannot list pipelines: {e}"),
+        )
+    })?;
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| load_pipeline(global, &p.display().to_string()))
+        .collect()
+}
+
+/// The jobs `sync` runs for one pipeline at `now`: due periods not done
+/// yet, plus the last `lookback` done ones again (forced).
+pub async fn sync_jobs(
+    store: &Store,
+    pipeline: &Arc<Pipeline>,
+    options: &RunOptions,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<Job>, Error> {
+    let due = pipeline.due_periods(now)?;
+    let done: std::collections::HashSet<(String, String)> = store
+        .status(&pipeline.spec.name, None)
+        .await?
+        .into_iter()
+        .filter(|e| e.status == "done" && e.export_type == pipeline.spec.export_type)
+        .map(|e| (e.source, e.period_start))
+        .collect();
+    let lookback = usize::try_from(pipeline.spec.period.lookback).unwrap_or(usize::MAX);
+    let worker = worker();
+    let mut jobs = Vec::new();
+    for source in source_ids(pipeline, options.source.as_deref())? {
+        let done_periods: Vec<&Period> = due
+            .iter()
+            .filter(|p| done.contains(&(source.clone(), p.start_rfc3339())))
+            .collect();
+        let again: Vec<Period> = done_periods
+            .iter()
+            .rev()
+            .take(lookback)
+            .map(|p| **p)
+            .collect();
+        for period in &due {
+            let is_done = done.contains(&(source.clone(), period.start_rfc3339()));
+            if is_done && !again.contains(period) && !options.force {
+                continue;
+            }
+            jobs.push(Job {
+                store: store.clone(),
+                pipeline: Arc::clone(pipeline),
+                source_id: source.clone(),
+                key: RunKey::new(
+                    &pipeline.spec.name,
+                    &source,
+                    &pipeline.spec.export_type,
+                    *period,
+                ),
+                worker: worker.clone(),
+                flags: RunFlags {
+                    force: is_done,
+                    force_deletes: options.force_deletes,
+                    wait: false,
+                },
+            });
+        }
+    }
+    Ok(jobs)
+}
+
+async fn sync(global: &Global, args: SyncArgs) -> Result<u8, Error> {
+    let pipelines = if args.all {
+        all_pipelines(global)?
+    } else {
+        args.names
+            .iter()
+            .map(|n| load_pipeline(global, n))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    for pipeline in &pipelines {
+        if pipeline.first_period.is_none() {
+            return Err(Error::config(
+                pipeline.file_name(),
+                "period.start",
+                "sync needs the first period: set period.start",
+            ));
+        }
+        source_ids(pipeline, args.options.source.as_deref())?;
+    }
+    let store = Store::connect(&global.database_url).await?;
+    let now = chrono::Utc::now();
+    let mut jobs = Vec::new();
+    for pipeline in pipelines {
+        jobs.extend(sync_jobs(&store, &Arc::new(pipeline), &args.options, now).await?);
+    }
+    if jobs.is_empty() {
+        say!("nothing due: every period up to now is done");
+        return Ok(0);
+    }
+    let results = run_jobs(jobs, usize::from(args.concurrency)).await;
+    output::print_summary(&results);
+    Ok(worst_exit_code(
+        results.iter().map(|(_, o)| outcome_code(o)),
+    ))
 }
 
 async fn status(global: &Global, args: StatusArgs) -> Result<u8, Error> {
     let pipeline = load_pipeline(global, &args.pipeline)?;
-    let period = args.period.as_deref().map(|p| pipeline.period(p)).transpose()?;
+    let period = args
+        .period
+        .as_deref()
+        .map(|p| pipeline.period(p))
+        .transpose()?;
     let store = Store::connect(&global.database_url).await?;
     let entries = store
-        .status(&pipeline.spec.name, period.map(|p| p.start_rfc3339()).as_deref())
+        .status(
+            &pipeline.spec.name,
+            period.map(|p| p.start_rfc3339()).as_deref(),
+        )
         .await?;
     if args.json {
         output::print_status_json(&entries);

@@ -9,7 +9,10 @@ use std::time::Duration;
 use tidemark_core::spec::DuplicateKeyPolicy;
 use tidemark_core::{Error, Hash128, Pipeline, RawRecord, RetryPolicy, Row, RunKey};
 use tidemark_extract::{Checkpoint, SourceReader};
-use tidemark_load::{Claim, ClaimRequest, ClaimedRun, Counts, Lease, Reconcile, Reject, RunWriter, Store, TableSchema, WorkerId};
+use tidemark_load::{
+    Claim, ClaimRequest, ClaimedRun, Counts, Lease, Reconcile, Reject, RunWriter, Store,
+    TableSchema, WorkerId,
+};
 use tidemark_transform::Transformer;
 use tracing::Instrument;
 
@@ -45,11 +48,13 @@ impl Outcome {
 
 /// The worst exit code of several outcomes: 1 beats 75 beats 0.
 pub fn worst_exit_code(codes: impl IntoIterator<Item = u8>) -> u8 {
-    codes.into_iter().fold(0, |worst, code| match (worst, code) {
-        (1, _) | (_, 1) => 1,
-        (75, _) | (_, 75) => 75,
-        _ => 0,
-    })
+    codes
+        .into_iter()
+        .fold(0, |worst, code| match (worst, code) {
+            (1, _) | (_, 1) => 1,
+            (75, _) | (_, 75) => 75,
+            _ => 0,
+        })
 }
 
 /// Flags of one invocation.
@@ -102,7 +107,10 @@ impl Job {
         };
         let mut waited = false;
         loop {
-            let claim = retry(&self.pipeline.retry, "claim", || self.store.claim(&self.key, &request)).await?;
+            let claim = retry(&self.pipeline.retry, "claim", || {
+                self.store.claim(&self.key, &request)
+            })
+            .await?;
             match claim {
                 Claim::Held { ref owner, .. } if self.flags.wait => {
                     if !waited {
@@ -146,15 +154,33 @@ impl Job {
         }
     }
 
-    async fn execute(&self, mut run: ClaimedRun, counts: &mut Counts) -> Result<serde_json::Value, Error> {
+    async fn execute(
+        &self,
+        mut run: ClaimedRun,
+        counts: &mut Counts,
+    ) -> Result<serde_json::Value, Error> {
         let pipeline = &*self.pipeline;
-        let source = pipeline
-            .source(&self.source_id)
-            .ok_or_else(|| Error::config(pipeline.file_name(), "sources", format!("no source {:?}", self.source_id)))?;
+        let source = pipeline.source(&self.source_id).ok_or_else(|| {
+            Error::config(
+                pipeline.file_name(),
+                "sources",
+                format!("no source {:?}", self.source_id),
+            )
+        })?;
         let schema = TableSchema::from_pipeline(pipeline);
-        retry(&pipeline.retry, "prepare table", || self.store.ensure_table(&schema)).await?;
+        retry(&pipeline.retry, "prepare table", || {
+            self.store.ensure_table(&schema)
+        })
+        .await?;
         let transformer = Transformer::new(pipeline, &self.source_id, &self.key.period)?;
-        let mut reader = match SourceReader::open(pipeline, source, &self.key.period, run.resume.as_ref()).await {
+        let mut reader = match SourceReader::open(
+            pipeline,
+            source,
+            &self.key.period,
+            run.resume.as_ref(),
+        )
+        .await
+        {
             Err(Error::Invariant(why)) if run.resume.is_some() => {
                 tracing::warn!(%why, "checkpoint no longer matches the source; starting the period over");
                 self.store.restart_fresh(&run.lease).await?;
@@ -171,7 +197,9 @@ impl Job {
                 Ok(Some(batch)) => batch,
                 Ok(None) => break,
                 Err(e) if backoff.should_retry(&e, "read source").await => {
-                    reader = SourceReader::open(pipeline, source, &self.key.period, committed.as_ref()).await?;
+                    reader =
+                        SourceReader::open(pipeline, source, &self.key.period, committed.as_ref())
+                            .await?;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -180,7 +208,10 @@ impl Job {
             let (rows, rejects) = self.transform_batch(&transformer, &batch.records, &writer)?;
             let read = batch.records.len() as u64;
             loop {
-                match writer.write_batch(&rows, &rejects, read, &batch.checkpoint).await {
+                match writer
+                    .write_batch(&rows, &rejects, read, &batch.checkpoint)
+                    .await
+                {
                     Ok(()) => break,
                     Err(e) if backoff.should_retry(&e, "commit batch").await => continue,
                     Err(e) => return Err(e),
@@ -188,7 +219,12 @@ impl Job {
             }
             backoff.reset();
             *counts = writer.counts();
-            tracing::debug!(rows = read, written = rows.len(), rejects = rejects.len(), "batch committed");
+            tracing::debug!(
+                rows = read,
+                written = rows.len(),
+                rejects = rejects.len(),
+                "batch committed"
+            );
             committed = Some(batch.checkpoint);
         }
         let reconcile = Reconcile {
@@ -215,7 +251,9 @@ impl Job {
         for record in records {
             let row = match transformer.transform(record) {
                 Ok(row) => row,
-                Err(error) if rejected_before + rejects.len() as u64 >= load.max_rejects => return Err(error),
+                Err(error) if rejected_before + rejects.len() as u64 >= load.max_rejects => {
+                    return Err(error)
+                }
                 Err(error) => {
                     rejects.push(reject_of(&error, record));
                     continue;
@@ -248,7 +286,11 @@ impl Job {
     }
 }
 
-async fn finish(writer: &mut RunWriter, reconcile: &Reconcile, backoff: &mut Backoff<'_>) -> Result<serde_json::Value, Error> {
+async fn finish(
+    writer: &mut RunWriter,
+    reconcile: &Reconcile,
+    backoff: &mut Backoff<'_>,
+) -> Result<serde_json::Value, Error> {
     loop {
         match writer.finish(reconcile).await {
             Ok(result) => return Ok(result),
@@ -270,14 +312,23 @@ fn fresh(run: ClaimedRun) -> ClaimedRun {
 
 fn key_text(row: &Row, key: &[usize]) -> String {
     key.iter()
-        .map(|&i| row.values[i].canonical_text().unwrap_or_else(|| "NULL".into()))
+        .map(|&i| {
+            row.values[i]
+                .canonical_text()
+                .unwrap_or_else(|| "NULL".into())
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
 
 fn reject_of(error: &Error, record: &RawRecord) -> Reject {
     let (field, value, reason) = match error {
-        Error::Validation { field, value, message, .. } => (Some(field.clone()), Some(value.clone()), message.clone()),
+        Error::Validation {
+            field,
+            value,
+            message,
+            ..
+        } => (Some(field.clone()), Some(value.clone()), message.clone()),
         other => (None, None, other.to_string()),
     };
     Reject {
@@ -318,7 +369,10 @@ pub struct Backoff<'a> {
 
 impl<'a> Backoff<'a> {
     pub fn new(policy: &'a RetryPolicy) -> Self {
-        Backoff { policy, failures: 0 }
+        Backoff {
+            policy,
+            failures: 0,
+        }
     }
 
     /// Forget earlier failures after a success.
@@ -332,7 +386,9 @@ impl<'a> Backoff<'a> {
         if !error.is_transient() || self.failures >= self.policy.max_attempts {
             return false;
         }
-        let delay = self.policy.delay(self.failures, error.retry_after(), rand::random::<f64>());
+        let delay = self
+            .policy
+            .delay(self.failures, error.retry_after(), rand::random::<f64>());
         tracing::warn!(
             cause = %error,
             attempt = self.failures,
@@ -374,7 +430,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn retries_only_transient_errors_and_stops_at_max_attempts() {
-        let policy = RetryPolicy { max_attempts: 3, base_delay: Duration::from_millis(10), max_delay: Duration::from_millis(40) };
+        let policy = RetryPolicy {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(40),
+        };
         let mut calls = 0;
         let result: Result<(), Error> = retry(&policy, "op", || {
             calls += 1;

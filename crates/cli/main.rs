@@ -23,6 +23,7 @@ mod cli;
 mod commands;
 mod engine;
 mod output;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -43,7 +44,10 @@ fn main() -> ExitCode {
         }
     };
     init_logging(cli.global.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tell!("error: cannot start the async runtime: {e}");
@@ -78,6 +82,10 @@ fn init_logging(format: LogFormat) {
         .with_ansi(ansi);
     match format {
         LogFormat::Text => builder.with_target(false).init(),
-        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
     }
 }

@@ -32,21 +32,34 @@ pub fn print_outcome(key: &RunKey, outcome: &Outcome) {
             say!("{result}");
         }
         Outcome::Held { owner } => {
-            tell!("held: {key} is being run by {owner}; exiting with 75 (use --wait to wait for it)")
+            tell!(
+                "held: {key} is being run by {owner}; exiting with 75 (use --wait to wait for it)"
+            )
         }
         Outcome::Failed(error) => tell!("error: {key}: {} error: {error}", error.class()),
     }
 }
 
 fn count(result: &serde_json::Value, name: &str) -> u64 {
-    result.get(name).and_then(serde_json::Value::as_u64).unwrap_or(0)
+    result
+        .get(name)
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0)
 }
 
 /// `backfill`: one line per run key, then totals.
 pub fn print_summary(results: &[(RunKey, Outcome)]) {
     say!(
         "{:<20} {:<12} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "PERIOD", "SOURCE", "STATUS", "READ", "INSERTED", "UPDATED", "UNCHANGED", "DELETED", "REJECTED"
+        "PERIOD",
+        "SOURCE",
+        "STATUS",
+        "READ",
+        "INSERTED",
+        "UPDATED",
+        "UNCHANGED",
+        "DELETED",
+        "REJECTED"
     );
     let mut tally = [0usize; 4];
     for (key, outcome) in results {
@@ -62,8 +75,15 @@ pub fn print_summary(results: &[(RunKey, Outcome)]) {
             "held" => 2,
             _ => 3,
         }] += 1;
-        let counts = ["rows_read", "rows_inserted", "rows_updated", "rows_unchanged", "rows_deleted", "rows_rejected"]
-            .map(|n| result.map_or_else(|| "-".to_string(), |r| count(r, n).to_string()));
+        let counts = [
+            "rows_read",
+            "rows_inserted",
+            "rows_updated",
+            "rows_unchanged",
+            "rows_deleted",
+            "rows_rejected",
+        ]
+        .map(|n| result.map_or_else(|| "-".to_string(), |r| count(r, n).to_string()));
         say!(
             "{:<20} {:<12} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
             key.period.label(),
@@ -110,7 +130,17 @@ pub fn print_status_table(pipeline: &Pipeline, entries: &[LedgerEntry]) {
     }
     say!(
         "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8}  {:<24} ERROR",
-        "PERIOD START", "SOURCE", "STATUS", "TRY", "READ", "INSERTED", "UPDATED", "UNCHANGED", "DELETED", "REJECTED", "FINISHED"
+        "PERIOD START",
+        "SOURCE",
+        "STATUS",
+        "TRY",
+        "READ",
+        "INSERTED",
+        "UPDATED",
+        "UNCHANGED",
+        "DELETED",
+        "REJECTED",
+        "FINISHED"
     );
     for e in entries {
         let error = match (&e.error_class, &e.error_message) {

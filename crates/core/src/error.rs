@@ -196,7 +196,11 @@ impl Error {
     }
 
     /// A configuration error about `key` in `file`.
-    pub fn config(file: impl Into<String>, key: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn config(
+        file: impl Into<String>,
+        key: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
         Error::Config {
             file: file.into(),
             key: key.into(),
@@ -234,7 +238,11 @@ mod tests {
     fn only_source_and_database_errors_can_be_transient() {
         assert!(Error::source_transient("reset").is_transient());
         assert!(!Error::source_permanent("404").is_transient());
-        assert!(Error::Database { message: "busy".into(), transient: true }.is_transient());
+        assert!(Error::Database {
+            message: "busy".into(),
+            transient: true
+        }
+        .is_transient());
         assert!(!Error::Invariant("refused".into()).is_transient());
         assert!(!Error::config("f.toml", "load.key", "x").is_transient());
     }
@@ -242,12 +250,20 @@ mod tests {
     #[test]
     fn validation_error_names_location_field_and_value() {
         let err = Error::Validation {
-            location: Location { resource: "a.csv".into(), record: Some(4), line: Some(5), page: None },
+            location: Location {
+                resource: "a.csv".into(),
+                record: Some(4),
+                line: Some(5),
+                page: None,
+            },
             field: "amount".into(),
             value: "12,x".into(),
             message: "not a decimal".into(),
         };
-        assert_eq!(err.to_string(), "a.csv row 4 (line 5): field `amount`: not a decimal: \"12,x\"");
+        assert_eq!(
+            err.to_string(),
+            "a.csv row 4 (line 5): field `amount`: not a decimal: \"12,x\""
+        );
         assert_eq!(err.class(), ErrorClass::Validation);
     }
 }

@@ -61,12 +61,16 @@ impl Period {
         let date = local.date();
         let start = match granularity {
             Granularity::Hour => {
-                let hour = local.date().and_hms_opt(local.hour(), 0, 0).unwrap_or(local);
+                let hour = local
+                    .date()
+                    .and_hms_opt(local.hour(), 0, 0)
+                    .unwrap_or(local);
                 resolve_local(tz, hour)
             }
             Granularity::Day => local_midnight(tz, date),
             Granularity::Week => {
-                let monday = date - Duration::days(i64::from(date.weekday().num_days_from_monday()));
+                let monday =
+                    date - Duration::days(i64::from(date.weekday().num_days_from_monday()));
                 local_midnight(tz, monday)
             }
             Granularity::Month => local_midnight(tz, first_of_month(date)),
@@ -91,7 +95,9 @@ impl Period {
     /// `2024-03-07`, `2024-03-07T13`, `2024-03-07T13:00[:00]` (also with a
     /// space instead of `T`). Times are wall-clock times in `tz`.
     pub fn parse(text: &str, granularity: Granularity, tz: Tz) -> Result<Period, PeriodParseError> {
-        let local = parse_local(text.trim()).ok_or_else(|| PeriodParseError { text: text.to_string() })?;
+        let local = parse_local(text.trim()).ok_or_else(|| PeriodParseError {
+            text: text.to_string(),
+        })?;
         Ok(Period::containing(granularity, tz, local))
     }
 
@@ -238,11 +244,23 @@ mod tests {
 
     #[test]
     fn any_time_inside_names_the_period() {
-        assert_eq!(p("2024-03-07T13:45", Granularity::Day, UTC), p("2024-03-07", Granularity::Day, UTC));
+        assert_eq!(
+            p("2024-03-07T13:45", Granularity::Day, UTC),
+            p("2024-03-07", Granularity::Day, UTC)
+        );
         assert_eq!(p("2024-03-07", Granularity::Month, UTC).label(), "2024-03");
-        assert_eq!(p("2024-03", Granularity::Month, UTC).start_rfc3339(), "2024-03-01T00:00:00Z");
-        assert_eq!(p("2024-03-07T13:20", Granularity::Hour, UTC).label(), "2024-03-07T13:00");
-        assert_eq!(p("2024-03-07T13", Granularity::Hour, UTC).label(), "2024-03-07T13:00");
+        assert_eq!(
+            p("2024-03", Granularity::Month, UTC).start_rfc3339(),
+            "2024-03-01T00:00:00Z"
+        );
+        assert_eq!(
+            p("2024-03-07T13:20", Granularity::Hour, UTC).label(),
+            "2024-03-07T13:00"
+        );
+        assert_eq!(
+            p("2024-03-07T13", Granularity::Hour, UTC).label(),
+            "2024-03-07T13:00"
+        );
         assert_eq!(p("2024", Granularity::Month, UTC).label(), "2024-01");
         assert!(Period::parse("yesterday", Granularity::Day, UTC).is_err());
         assert!(Period::parse("2024-13-01", Granularity::Day, UTC).is_err());
@@ -256,7 +274,10 @@ mod tests {
         assert_eq!(week.end_rfc3339(), "2024-03-11T00:00:00Z");
         assert_eq!(week.label(), "2024-W10");
         // A week spanning a year boundary.
-        assert_eq!(p("2025-01-01", Granularity::Week, UTC).start_rfc3339(), "2024-12-30T00:00:00Z");
+        assert_eq!(
+            p("2025-01-01", Granularity::Week, UTC).start_rfc3339(),
+            "2024-12-30T00:00:00Z"
+        );
     }
 
     #[test]
@@ -264,8 +285,14 @@ mod tests {
         assert_eq!(hours(p("2024-03-31", Granularity::Day, Berlin)), 23);
         assert_eq!(hours(p("2024-10-27", Granularity::Day, Berlin)), 25);
         assert_eq!(hours(p("2024-03-30", Granularity::Day, Berlin)), 24);
-        assert_eq!(p("2024-03-31", Granularity::Day, Berlin).start_rfc3339(), "2024-03-31T00:00:00+01:00");
-        assert_eq!(p("2024-03-31", Granularity::Day, Berlin).end_rfc3339(), "2024-04-01T00:00:00+02:00");
+        assert_eq!(
+            p("2024-03-31", Granularity::Day, Berlin).start_rfc3339(),
+            "2024-03-31T00:00:00+01:00"
+        );
+        assert_eq!(
+            p("2024-03-31", Granularity::Day, Berlin).end_rfc3339(),
+            "2024-04-01T00:00:00+02:00"
+        );
         assert_eq!(hours(p("2024-03-10", Granularity::Day, New_York)), 23);
     }
 
@@ -273,7 +300,9 @@ mod tests {
     fn fall_back_night_has_two_one_oclock_hours() {
         let from = p("2024-11-03T00:00", Granularity::Hour, New_York);
         let to = p("2024-11-03T03:00", Granularity::Hour, New_York);
-        let all: Vec<String> = Period::range_inclusive(from, to).map(|p| p.start_rfc3339()).collect();
+        let all: Vec<String> = Period::range_inclusive(from, to)
+            .map(|p| p.start_rfc3339())
+            .collect();
         assert_eq!(
             all,
             [
@@ -290,8 +319,14 @@ mod tests {
     fn month_ends_and_leap_years() {
         let feb = p("2024-02-15", Granularity::Month, UTC);
         assert_eq!(feb.end_rfc3339(), "2024-03-01T00:00:00Z");
-        assert_eq!(p("2024-02-29", Granularity::Day, UTC).next().label(), "2024-03-01");
-        assert_eq!(p("2023-12-31", Granularity::Day, UTC).next().label(), "2024-01-01");
+        assert_eq!(
+            p("2024-02-29", Granularity::Day, UTC).next().label(),
+            "2024-03-01"
+        );
+        assert_eq!(
+            p("2023-12-31", Granularity::Day, UTC).next().label(),
+            "2024-01-01"
+        );
         let jan31 = p("2024-01-31", Granularity::Month, UTC);
         assert_eq!(jan31.label(), "2024-01");
         assert_eq!(jan31.next().label(), "2024-02");
@@ -306,8 +341,14 @@ mod tests {
         )
         .map(|p| p.label())
         .collect();
-        assert_eq!(days, ["2024-01-30", "2024-01-31", "2024-02-01", "2024-02-02"]);
-        let none = Period::range_inclusive(p("2024-02-02", Granularity::Day, UTC), p("2024-02-01", Granularity::Day, UTC));
+        assert_eq!(
+            days,
+            ["2024-01-30", "2024-01-31", "2024-02-01", "2024-02-02"]
+        );
+        let none = Period::range_inclusive(
+            p("2024-02-02", Granularity::Day, UTC),
+            p("2024-02-01", Granularity::Day, UTC),
+        );
         assert_eq!(none.count(), 0);
     }
 
@@ -316,12 +357,17 @@ mod tests {
         for text in ["2024-03-31", "2024-10-27", "2024-11-03"] {
             for tz in [Berlin, New_York, UTC] {
                 let period = p(text, Granularity::Day, tz);
-                let again = Period::from_start(Granularity::Day, tz, period.start().with_timezone(&Utc));
+                let again =
+                    Period::from_start(Granularity::Day, tz, period.start().with_timezone(&Utc));
                 assert_eq!(period, again);
             }
         }
         let second_one = p("2024-11-03T01:00", Granularity::Hour, New_York).next();
-        let again = Period::from_start(Granularity::Hour, New_York, second_one.start().with_timezone(&Utc));
+        let again = Period::from_start(
+            Granularity::Hour,
+            New_York,
+            second_one.start().with_timezone(&Utc),
+        );
         assert_eq!(second_one, again);
     }
 }

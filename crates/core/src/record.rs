@@ -93,7 +93,9 @@ impl RawRecord {
     pub fn get(&self, selector: &Selector) -> RawValue<'_> {
         match (&self.data, selector) {
             (RawData::Csv { headers, row }, Selector::Name(name)) => csv_cell(headers, row, name),
-            (RawData::Csv { headers, row }, Selector::Pointer(p)) => csv_cell(headers, row, p.trim_start_matches('/')),
+            (RawData::Csv { headers, row }, Selector::Pointer(p)) => {
+                csv_cell(headers, row, p.trim_start_matches('/'))
+            }
             (RawData::Json(v), Selector::Name(name)) => json_value(v.get(name.as_str())),
             (RawData::Json(v), Selector::Pointer(p)) => json_value(v.pointer(p)),
         }
@@ -114,8 +116,16 @@ impl RawRecord {
     }
 }
 
-fn csv_cell<'a>(headers: &csv::StringRecord, row: &'a csv::StringRecord, name: &str) -> RawValue<'a> {
-    match headers.iter().position(|h| h == name).and_then(|i| row.get(i)) {
+fn csv_cell<'a>(
+    headers: &csv::StringRecord,
+    row: &'a csv::StringRecord,
+    name: &str,
+) -> RawValue<'a> {
+    match headers
+        .iter()
+        .position(|h| h == name)
+        .and_then(|i| row.get(i))
+    {
         Some(cell) => RawValue::Str(cell),
         None => RawValue::Missing,
     }
@@ -134,24 +144,50 @@ mod tests {
     use super::*;
 
     fn origin() -> Origin {
-        Origin { resource: Arc::from("a.csv"), page: None, record: 1, line: Some(2) }
+        Origin {
+            resource: Arc::from("a.csv"),
+            page: None,
+            record: 1,
+            line: Some(2),
+        }
     }
 
     #[test]
     fn csv_lookup_by_name_and_pointer() {
         let headers = Arc::new(csv::StringRecord::from(vec!["id", "total"]));
-        let rec = RawRecord { data: RawData::Csv { headers, row: csv::StringRecord::from(vec!["A1", "9.5"]) }, origin: origin() };
+        let rec = RawRecord {
+            data: RawData::Csv {
+                headers,
+                row: csv::StringRecord::from(vec!["A1", "9.5"]),
+            },
+            origin: origin(),
+        };
         assert_eq!(rec.get(&Selector::parse("total")), RawValue::Str("9.5"));
         assert_eq!(rec.get(&Selector::parse("/id")), RawValue::Str("A1"));
         assert_eq!(rec.get(&Selector::parse("nope")), RawValue::Missing);
-        assert_eq!(rec.to_json(), serde_json::json!({"id": "A1", "total": "9.5"}));
+        assert_eq!(
+            rec.to_json(),
+            serde_json::json!({"id": "A1", "total": "9.5"})
+        );
     }
 
     #[test]
     fn json_lookup_by_name_and_pointer() {
-        let rec = RawRecord { data: RawData::Json(serde_json::json!({"id": 7, "customer": {"name": "Ann"}})), origin: origin() };
-        assert_eq!(rec.get(&Selector::parse("id")), RawValue::Json(&serde_json::json!(7)));
-        assert_eq!(rec.get(&Selector::parse("/customer/name")), RawValue::Str("Ann"));
-        assert_eq!(rec.get(&Selector::parse("/customer/age")), RawValue::Missing);
+        let rec = RawRecord {
+            data: RawData::Json(serde_json::json!({"id": 7, "customer": {"name": "Ann"}})),
+            origin: origin(),
+        };
+        assert_eq!(
+            rec.get(&Selector::parse("id")),
+            RawValue::Json(&serde_json::json!(7))
+        );
+        assert_eq!(
+            rec.get(&Selector::parse("/customer/name")),
+            RawValue::Str("Ann")
+        );
+        assert_eq!(
+            rec.get(&Selector::parse("/customer/age")),
+            RawValue::Missing
+        );
     }
 }

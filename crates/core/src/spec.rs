@@ -392,7 +392,10 @@ pub enum Schedule {
 
 impl Schedule {
     /// The first time after `after` that the schedule fires.
-    pub fn next_after(&self, after: chrono::DateTime<chrono::Utc>) -> Option<chrono::DateTime<chrono::Utc>> {
+    pub fn next_after(
+        &self,
+        after: chrono::DateTime<chrono::Utc>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
         match self {
             Schedule::Every(every) => Some(after + chrono::Duration::from_std(*every).ok()?),
             Schedule::Cron(cron) => cron.after(&after).next(),
@@ -403,8 +406,13 @@ impl Schedule {
 fn parse_cron(expression: &str) -> Result<cron::Schedule, String> {
     use std::str::FromStr;
     let fields = expression.split_whitespace().count();
-    let full = if fields == 5 { format!("0 {expression}") } else { expression.to_string() };
-    cron::Schedule::from_str(&full).map_err(|e| format!("invalid cron expression {expression:?}: {e}"))
+    let full = if fields == 5 {
+        format!("0 {expression}")
+    } else {
+        expression.to_string()
+    };
+    cron::Schedule::from_str(&full)
+        .map_err(|e| format!("invalid cron expression {expression:?}: {e}"))
 }
 
 /// Bounded exponential backoff with full jitter.
@@ -428,7 +436,10 @@ impl RetryPolicy {
             return after.min(self.max_delay);
         }
         let exp = attempt.saturating_sub(1).min(30);
-        let ceiling = self.base_delay.saturating_mul(1u32 << exp).min(self.max_delay);
+        let ceiling = self
+            .base_delay
+            .saturating_mul(1u32 << exp)
+            .min(self.max_delay);
         ceiling.mul_f64(unit.clamp(0.0, 1.0))
     }
 }
@@ -437,8 +448,9 @@ impl Pipeline {
     /// Reads, parses and checks a pipeline file.
     pub fn load(path: &Path) -> Result<Pipeline, Error> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::config(&file, "(file)", format!("cannot read pipeline file: {e}")))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::config(&file, "(file)", format!("cannot read pipeline file: {e}"))
+        })?;
         Pipeline::parse(&text, path)
     }
 
@@ -446,7 +458,12 @@ impl Pipeline {
     pub fn parse(text: &str, path: &Path) -> Result<Pipeline, Error> {
         let file = path.display().to_string();
         let spec: PipelineSpec = toml::from_str(text).map_err(|e| {
-            let key = e.message().split('`').nth(1).unwrap_or("(toml)").to_string();
+            let key = e
+                .message()
+                .split('`')
+                .nth(1)
+                .unwrap_or("(toml)")
+                .to_string();
             Error::config(&file, key, e.to_string().trim_end().replace('\n', "\n  "))
         })?;
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -469,10 +486,14 @@ impl Pipeline {
             None => None,
         };
         let schedule = match &spec.schedule {
-            Some(ScheduleSpec { every: Some(every), .. }) => Some(Schedule::Every(check.duration("schedule.every", every)?)),
-            Some(ScheduleSpec { cron: Some(cron), .. }) => {
-                Some(Schedule::Cron(Box::new(parse_cron(cron).map_err(|e| check.err("schedule.cron", e))?)))
-            }
+            Some(ScheduleSpec {
+                every: Some(every), ..
+            }) => Some(Schedule::Every(check.duration("schedule.every", every)?)),
+            Some(ScheduleSpec {
+                cron: Some(cron), ..
+            }) => Some(Schedule::Cron(Box::new(
+                parse_cron(cron).map_err(|e| check.err("schedule.cron", e))?,
+            ))),
             _ => None,
         };
         Ok(Pipeline {
@@ -493,8 +514,12 @@ impl Pipeline {
 
     /// Parses a period named on the command line.
     pub fn period(&self, text: &str) -> Result<Period, Error> {
-        Period::parse(text, self.spec.period.granularity, self.spec.period.timezone)
-            .map_err(|e| Error::config("command line", "--period", e.to_string()))
+        Period::parse(
+            text,
+            self.spec.period.granularity,
+            self.spec.period.timezone,
+        )
+        .map_err(|e| Error::config("command line", "--period", e.to_string()))
     }
 
     /// Every template of the pipeline that reads the environment must find
@@ -507,8 +532,16 @@ impl Pipeline {
                 SourceSpec::File(f) => templates.push((format!("sources[{i}].path"), &f.path)),
                 SourceSpec::Http(h) => {
                     templates.push((format!("sources[{i}].url"), &h.url));
-                    templates.extend(h.query.iter().map(|(k, v)| (format!("sources[{i}].query.{k}"), v.as_str())));
-                    templates.extend(h.headers.iter().map(|(k, v)| (format!("sources[{i}].headers.{k}"), v.as_str())));
+                    templates.extend(
+                        h.query
+                            .iter()
+                            .map(|(k, v)| (format!("sources[{i}].query.{k}"), v.as_str())),
+                    );
+                    templates.extend(
+                        h.headers
+                            .iter()
+                            .map(|(k, v)| (format!("sources[{i}].headers.{k}"), v.as_str())),
+                    );
                 }
             }
         }
@@ -518,10 +551,16 @@ impl Pipeline {
             }
         }
         for (key, text) in templates {
-            let Ok(template) = Template::parse(text) else { continue };
+            let Ok(template) = Template::parse(text) else {
+                continue;
+            };
             for var in template.env_names() {
                 if std::env::var_os(var).is_none() {
-                    return Err(Error::config(self.file_name(), key, format!("environment variable `{var}` is not set")));
+                    return Err(Error::config(
+                        self.file_name(),
+                        key,
+                        format!("environment variable `{var}` is not set"),
+                    ));
                 }
             }
         }
@@ -532,7 +571,11 @@ impl Pipeline {
     /// the last period whose end plus `lag` has passed.
     pub fn due_periods(&self, now: chrono::DateTime<chrono::Utc>) -> Result<Vec<Period>, Error> {
         let first = self.first_period.ok_or_else(|| {
-            Error::config(self.file_name(), "period.start", "sync needs the first period: set period.start")
+            Error::config(
+                self.file_name(),
+                "period.start",
+                "sync needs the first period: set period.start",
+            )
         })?;
         let horizon = now - chrono::Duration::from_std(self.lag).unwrap_or_default();
         Ok(std::iter::successors(Some(first), |p| Some(p.next()))
@@ -556,13 +599,17 @@ impl Checker<'_> {
     }
 
     fn duration(&self, key: &str, text: &str) -> Result<Duration, Error> {
-        humantime::parse_duration(text).map_err(|e| self.err(key, format!("invalid duration {text:?}: {e}")))
+        humantime::parse_duration(text)
+            .map_err(|e| self.err(key, format!("invalid duration {text:?}: {e}")))
     }
 
     fn identifier(&self, key: &str, name: &str) -> Result<(), Error> {
         let ok = !name.is_empty()
             && name.len() <= 63
-            && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ok {
             return Err(self.err(key, format!("{name:?} is not a valid name: use letters, digits and _ (at most 63), not starting with a digit")));
@@ -640,7 +687,10 @@ impl Checker<'_> {
                     }
                     if let Pagination::Cursor { cursor, .. } = &h.pagination {
                         if !cursor.starts_with('/') {
-                            return Err(self.err(at("pagination.cursor"), "must be a JSON pointer such as \"/next\""));
+                            return Err(self.err(
+                                at("pagination.cursor"),
+                                "must be a JSON pointer such as \"/next\"",
+                            ));
                         }
                     }
                 }
@@ -649,12 +699,21 @@ impl Checker<'_> {
         Ok(())
     }
 
-    fn records_pointer(&self, key: &str, format: Format, pointer: Option<&str>) -> Result<(), Error> {
+    fn records_pointer(
+        &self,
+        key: &str,
+        format: Format,
+        pointer: Option<&str>,
+    ) -> Result<(), Error> {
         match pointer {
-            Some(p) if format != Format::Json => Err(self.err(key, format!("`records` only applies to format \"json\" (got {p:?})"))),
-            Some(p) if !p.is_empty() && !p.starts_with('/') => {
-                Err(self.err(key, format!("{p:?} is not a JSON pointer (RFC 6901): it must be empty or start with /")))
-            }
+            Some(p) if format != Format::Json => Err(self.err(
+                key,
+                format!("`records` only applies to format \"json\" (got {p:?})"),
+            )),
+            Some(p) if !p.is_empty() && !p.starts_with('/') => Err(self.err(
+                key,
+                format!("{p:?} is not a JSON pointer (RFC 6901): it must be empty or start with /"),
+            )),
             _ => Ok(()),
         }
     }
@@ -685,10 +744,18 @@ impl Checker<'_> {
                 }
             }
             if let Some(format) = &field.format {
-                if !matches!(field.ty, FieldType::Date | FieldType::Timestamp | FieldType::Timestamptz) {
-                    return Err(self.err(at("format"), format!("`format` applies to date and time types, not {}", field.ty)));
+                if !matches!(
+                    field.ty,
+                    FieldType::Date | FieldType::Timestamp | FieldType::Timestamptz
+                ) {
+                    return Err(self.err(
+                        at("format"),
+                        format!("`format` applies to date and time types, not {}", field.ty),
+                    ));
                 }
-                if chrono::format::StrftimeItems::new(format).any(|i| matches!(i, chrono::format::Item::Error)) {
+                if chrono::format::StrftimeItems::new(format)
+                    .any(|i| matches!(i, chrono::format::Item::Error))
+                {
                     return Err(self.err(at("format"), format!("invalid time format {format:?}")));
                 }
             }
@@ -704,7 +771,10 @@ impl Checker<'_> {
         }
         for (i, key) in load.key.iter().enumerate() {
             let Some(field) = spec.fields.get(key) else {
-                return Err(self.err("load.key", format!("key field `{key}` is not defined in [fields]")));
+                return Err(self.err(
+                    "load.key",
+                    format!("key field `{key}` is not defined in [fields]"),
+                ));
             };
             if !field.ty.can_be_key() {
                 return Err(self.err("load.key", format!("key field `{key}` has type {}, which cannot identify a row; use text, int or decimal", field.ty)));
@@ -772,11 +842,17 @@ on_missing = "delete"
     #[test]
     fn parses_a_good_pipeline_in_field_order() {
         let p = parse(GOOD).unwrap();
-        assert_eq!(p.spec.fields.keys().collect::<Vec<_>>(), ["order_id", "amount", "region"]);
+        assert_eq!(
+            p.spec.fields.keys().collect::<Vec<_>>(),
+            ["order_id", "amount", "region"]
+        );
         assert_eq!(p.lag, Duration::from_secs(7200));
         assert_eq!(p.spec.load.on_missing, OnMissing::Delete);
         assert_eq!(p.spec.load.batch_size, 10_000);
-        assert_eq!(p.first_period.unwrap().start_rfc3339(), "2024-01-01T00:00:00+01:00");
+        assert_eq!(
+            p.first_period.unwrap().start_rfc3339(),
+            "2024-01-01T00:00:00+01:00"
+        );
         assert_eq!(p.base_dir, Path::new("pipelines"));
     }
 
@@ -801,17 +877,23 @@ on_missing = "delete"
         let (key, message) = config_err(&GOOD.replace("key = [\"order_id\"]", "key = [\"id\"]"));
         assert_eq!(key, "load.key");
         assert!(message.contains("`id`"), "{message}");
-        let (_, message) = config_err(&GOOD.replace("key = [\"order_id\"]", "key = [\"amount\", \"amount\"]"));
+        let (_, message) =
+            config_err(&GOOD.replace("key = [\"order_id\"]", "key = [\"amount\", \"amount\"]"));
         assert!(message.contains("twice"), "{message}");
     }
 
     #[test]
     fn float_keys_and_bad_templates_are_refused() {
-        let text = GOOD.replace("type = \"decimal\"", "type = \"float\"").replace("key = [\"order_id\"]", "key = [\"amount\"]");
+        let text = GOOD
+            .replace("type = \"decimal\"", "type = \"float\"")
+            .replace("key = [\"order_id\"]", "key = [\"amount\"]");
         assert!(config_err(&text).1.contains("cannot identify"));
         let (key, _) = config_err(&GOOD.replace("{period.start:%Y/%m/%d}", "{period.begin}"));
         assert_eq!(key, "sources[0].path");
-        let (_, message) = config_err(&GOOD.replace("timezone = \"Europe/Berlin\"", "timezone = \"Mars/Olympus\""));
+        let (_, message) = config_err(&GOOD.replace(
+            "timezone = \"Europe/Berlin\"",
+            "timezone = \"Mars/Olympus\"",
+        ));
         assert!(message.contains("timezone"), "{message}");
     }
 
@@ -826,12 +908,22 @@ on_missing = "delete"
     #[test]
     fn due_periods_respect_start_and_lag() {
         let p = parse(GOOD).unwrap(); // day, Europe/Berlin, start 2024-01-01, lag 2h
-        let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&chrono::Utc);
+        let at = |s: &str| {
+            chrono::DateTime::parse_from_rfc3339(s)
+                .unwrap()
+                .with_timezone(&chrono::Utc)
+        };
         // 2024-01-03 ends at 2024-01-04T00:00+01:00 = 2024-01-03T23:00Z; due from 01:00Z on.
         let due = p.due_periods(at("2024-01-04T00:59:00Z")).unwrap();
-        assert_eq!(due.iter().map(|d| d.label()).collect::<Vec<_>>(), ["2024-01-01", "2024-01-02"]);
+        assert_eq!(
+            due.iter().map(|d| d.label()).collect::<Vec<_>>(),
+            ["2024-01-01", "2024-01-02"]
+        );
         assert_eq!(p.due_periods(at("2024-01-04T01:00:00Z")).unwrap().len(), 3);
-        assert!(p.due_periods(at("2023-12-01T00:00:00Z")).unwrap().is_empty());
+        assert!(p
+            .due_periods(at("2023-12-01T00:00:00Z"))
+            .unwrap()
+            .is_empty());
         let no_start = parse(&GOOD.replace("start = \"2024-01-01\"\n", "")).unwrap();
         assert!(no_start.due_periods(at("2024-01-04T00:00:00Z")).is_err());
     }
@@ -839,22 +931,40 @@ on_missing = "delete"
     #[test]
     fn schedules_every_and_cron() {
         let every = parse(&format!("{GOOD}\n[schedule]\nevery = \"15m\"\n")).unwrap();
-        let at = chrono::DateTime::parse_from_rfc3339("2024-01-01T10:07:00Z").unwrap().with_timezone(&chrono::Utc);
-        assert_eq!(every.schedule.unwrap().next_after(at).unwrap().to_rfc3339(), "2024-01-01T10:22:00+00:00");
+        let at = chrono::DateTime::parse_from_rfc3339("2024-01-01T10:07:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        assert_eq!(
+            every.schedule.unwrap().next_after(at).unwrap().to_rfc3339(),
+            "2024-01-01T10:22:00+00:00"
+        );
         let cron = parse(&format!("{GOOD}\n[schedule]\ncron = \"*/15 * * * *\"\n")).unwrap();
-        assert_eq!(cron.schedule.unwrap().next_after(at).unwrap().to_rfc3339(), "2024-01-01T10:15:00+00:00");
+        assert_eq!(
+            cron.schedule.unwrap().next_after(at).unwrap().to_rfc3339(),
+            "2024-01-01T10:15:00+00:00"
+        );
         let (key, _) = config_err(&format!("{GOOD}\n[schedule]\ncron = \"every tuesday\"\n"));
         assert_eq!(key, "schedule.cron");
     }
 
     #[test]
     fn retry_delay_is_bounded_full_jitter() {
-        let policy = RetryPolicy { max_attempts: 5, base_delay: Duration::from_millis(500), max_delay: Duration::from_secs(4) };
+        let policy = RetryPolicy {
+            max_attempts: 5,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(4),
+        };
         assert_eq!(policy.delay(1, None, 0.0), Duration::ZERO);
         assert_eq!(policy.delay(1, None, 0.999_999).as_millis(), 499);
         assert_eq!(policy.delay(3, None, 0.5), Duration::from_secs(1));
         assert_eq!(policy.delay(10, None, 0.999_999).as_millis(), 3999);
-        assert_eq!(policy.delay(1, Some(Duration::from_secs(2)), 0.1), Duration::from_secs(2));
-        assert_eq!(policy.delay(1, Some(Duration::from_secs(600)), 0.1), Duration::from_secs(4));
+        assert_eq!(
+            policy.delay(1, Some(Duration::from_secs(2)), 0.1),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            policy.delay(1, Some(Duration::from_secs(600)), 0.1),
+            Duration::from_secs(4)
+        );
     }
 }

@@ -60,9 +60,13 @@ impl Template {
                     literal.push('}');
                 }
                 '$' if matches!(chars.peek(), Some((_, '{'))) => {
-                    let end = text[i..].find('}').ok_or_else(|| format!("unclosed `${{` at byte {i}"))?;
+                    let end = text[i..]
+                        .find('}')
+                        .ok_or_else(|| format!("unclosed `${{` at byte {i}"))?;
                     let name = &text[i + 2..i + end];
-                    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    if name.is_empty()
+                        || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    {
                         return Err(format!("invalid environment variable name {name:?}"));
                     }
                     flush(&mut literal, &mut segments);
@@ -72,7 +76,9 @@ impl Template {
                     }
                 }
                 '{' => {
-                    let end = text[i..].find('}').ok_or_else(|| format!("unclosed `{{` at byte {i}"))?;
+                    let end = text[i..]
+                        .find('}')
+                        .ok_or_else(|| format!("unclosed `{{` at byte {i}"))?;
                     let inner = &text[i + 1..i + end];
                     flush(&mut literal, &mut segments);
                     segments.push(parse_placeholder(inner)?);
@@ -80,7 +86,11 @@ impl Template {
                         chars.next();
                     }
                 }
-                '}' => return Err(format!("unmatched `}}` at byte {i} (write `}}}}` for a literal brace)")),
+                '}' => {
+                    return Err(format!(
+                        "unmatched `}}` at byte {i} (write `}}}}` for a literal brace)"
+                    ))
+                }
                 c => literal.push(c),
             }
         }
@@ -124,11 +134,15 @@ impl Template {
         for segment in &self.segments {
             match segment {
                 Segment::Literal(s) => out.push_str(s),
-                Segment::PeriodStart(fmt) => push_time(&mut out, ctx.period.start(), fmt.as_deref()),
+                Segment::PeriodStart(fmt) => {
+                    push_time(&mut out, ctx.period.start(), fmt.as_deref())
+                }
                 Segment::PeriodEnd(fmt) => push_time(&mut out, ctx.period.end(), fmt.as_deref()),
                 Segment::SourceId => out.push_str(ctx.source_id),
                 Segment::PipelineName => out.push_str(ctx.pipeline),
-                Segment::Env(name) => out.push_str(&env(name).ok_or_else(|| MissingEnv(name.clone()))?),
+                Segment::Env(name) => {
+                    out.push_str(&env(name).ok_or_else(|| MissingEnv(name.clone()))?)
+                }
             }
         }
         Ok(out)
@@ -186,7 +200,11 @@ mod tests {
 
     fn ctx_render(text: &str) -> String {
         let period = Period::parse("2024-03-07", Granularity::Day, Berlin).unwrap();
-        let ctx = TemplateContext { period: &period, source_id: "shop_eu", pipeline: "orders" };
+        let ctx = TemplateContext {
+            period: &period,
+            source_id: "shop_eu",
+            pipeline: "orders",
+        };
         Template::parse(text)
             .unwrap()
             .render_with_env(&ctx, |n| (n == "TOKEN").then(|| "s3cret".to_string()))
@@ -195,7 +213,10 @@ mod tests {
 
     #[test]
     fn renders_period_source_and_env() {
-        assert_eq!(ctx_render("exports/{period.start:%Y/%m/%d}/orders*.csv"), "exports/2024/03/07/orders*.csv");
+        assert_eq!(
+            ctx_render("exports/{period.start:%Y/%m/%d}/orders*.csv"),
+            "exports/2024/03/07/orders*.csv"
+        );
         assert_eq!(ctx_render("{period.start}"), "2024-03-07T00:00:00+01:00");
         assert_eq!(ctx_render("{period.end:%Y-%m-%d}"), "2024-03-08");
         assert_eq!(ctx_render("{period.start:%s}"), "1709766000");
@@ -207,9 +228,15 @@ mod tests {
 
     #[test]
     fn rejects_bad_templates() {
-        assert!(Template::parse("{period.middle}").unwrap_err().contains("unknown placeholder"));
-        assert!(Template::parse("{period.start").unwrap_err().contains("unclosed"));
-        assert!(Template::parse("{period.start:%Q}").unwrap_err().contains("invalid time format"));
+        assert!(Template::parse("{period.middle}")
+            .unwrap_err()
+            .contains("unknown placeholder"));
+        assert!(Template::parse("{period.start")
+            .unwrap_err()
+            .contains("unclosed"));
+        assert!(Template::parse("{period.start:%Q}")
+            .unwrap_err()
+            .contains("invalid time format"));
         assert!(Template::parse("${}").is_err());
     }
 
@@ -219,8 +246,15 @@ mod tests {
         assert!(t.uses_env());
         assert_eq!(t.env_names().collect::<Vec<_>>(), ["TOKEN"]);
         let period = Period::parse("2024-03-07", Granularity::Day, Berlin).unwrap();
-        let ctx = TemplateContext { period: &period, source_id: "s", pipeline: "p" };
+        let ctx = TemplateContext {
+            period: &period,
+            source_id: "s",
+            pipeline: "p",
+        };
         assert_eq!(t.render_redacted(&ctx), "Bearer ***");
-        assert_eq!(t.render_with_env(&ctx, |_| None), Err(MissingEnv("TOKEN".into())));
+        assert_eq!(
+            t.render_with_env(&ctx, |_| None),
+            Err(MissingEnv("TOKEN".into()))
+        );
     }
 }

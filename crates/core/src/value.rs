@@ -162,8 +162,12 @@ impl Value {
                 _ => return None,
             }),
             FieldType::Date => Value::Date(NaiveDate::parse_from_str(text, DATE_FORMAT).ok()?),
-            FieldType::Timestamp => Value::Timestamp(NaiveDateTime::parse_from_str(text, TIMESTAMP_FORMAT).ok()?),
-            FieldType::Timestamptz => Value::Timestamptz(DateTime::parse_from_rfc3339(text).ok()?.with_timezone(&Utc)),
+            FieldType::Timestamp => {
+                Value::Timestamp(NaiveDateTime::parse_from_str(text, TIMESTAMP_FORMAT).ok()?)
+            }
+            FieldType::Timestamptz => {
+                Value::Timestamptz(DateTime::parse_from_rfc3339(text).ok()?.with_timezone(&Utc))
+            }
             FieldType::Json => Value::Json(serde_json::from_str(text).ok()?),
         })
     }
@@ -270,12 +274,22 @@ mod tests {
 
     fn sample() -> (Vec<FieldType>, Vec<Value>) {
         (
-            vec![FieldType::Text, FieldType::Int, FieldType::Decimal, FieldType::Timestamptz, FieldType::Bool],
+            vec![
+                FieldType::Text,
+                FieldType::Int,
+                FieldType::Decimal,
+                FieldType::Timestamptz,
+                FieldType::Bool,
+            ],
             vec![
                 Value::Text("A-1".into()),
                 Value::Int(42),
                 Value::Decimal(Decimal::from_str("10.50").unwrap().normalize()),
-                Value::Timestamptz(DateTime::parse_from_rfc3339("2024-01-01T10:00:00+02:00").unwrap().with_timezone(&Utc)),
+                Value::Timestamptz(
+                    DateTime::parse_from_rfc3339("2024-01-01T10:00:00+02:00")
+                        .unwrap()
+                        .with_timezone(&Utc),
+                ),
                 Value::Null,
             ],
         )
@@ -285,7 +299,10 @@ mod tests {
     fn row_hash_is_pinned() {
         // If this fails, every stored row would look changed after an upgrade.
         let (types, values) = sample();
-        assert_eq!(row_hash(&types, &values).to_hex(), "7422027bdcd411228c330ee16f5f14b4");
+        assert_eq!(
+            row_hash(&types, &values).to_hex(),
+            "7422027bdcd411228c330ee16f5f14b4"
+        );
     }
 
     #[test]
@@ -301,8 +318,14 @@ mod tests {
         null[0] = Value::Null;
         assert_ne!(row_hash(&types, &null_vs_empty), row_hash(&types, &null));
         // Shifting text between neighbouring fields changes the hash.
-        let a = row_hash(&[FieldType::Text, FieldType::Text], &[Value::Text("ab".into()), Value::Text("c".into())]);
-        let b = row_hash(&[FieldType::Text, FieldType::Text], &[Value::Text("a".into()), Value::Text("bc".into())]);
+        let a = row_hash(
+            &[FieldType::Text, FieldType::Text],
+            &[Value::Text("ab".into()), Value::Text("c".into())],
+        );
+        let b = row_hash(
+            &[FieldType::Text, FieldType::Text],
+            &[Value::Text("a".into()), Value::Text("bc".into())],
+        );
         assert_ne!(a, b);
     }
 
@@ -310,7 +333,10 @@ mod tests {
     fn equal_decimals_hash_equal() {
         let a = Value::Decimal(Decimal::from_str("10.50").unwrap().normalize());
         let b = Value::Decimal(Decimal::from_str("10.5").unwrap().normalize());
-        assert_eq!(row_hash(&[FieldType::Decimal], &[a]), row_hash(&[FieldType::Decimal], &[b]));
+        assert_eq!(
+            row_hash(&[FieldType::Decimal], &[a]),
+            row_hash(&[FieldType::Decimal], &[b])
+        );
     }
 
     #[test]
@@ -318,12 +344,21 @@ mod tests {
         let (types, values) = sample();
         for (ty, value) in types.iter().zip(&values) {
             if let Some(text) = value.canonical_text() {
-                assert_eq!(Value::from_canonical_text(*ty, &text).as_ref(), Some(value), "{ty}");
+                assert_eq!(
+                    Value::from_canonical_text(*ty, &text).as_ref(),
+                    Some(value),
+                    "{ty}"
+                );
             }
         }
-        let ts = Value::Timestamp(NaiveDateTime::parse_from_str("2024-01-02T03:04:05.250", TIMESTAMP_FORMAT).unwrap());
+        let ts = Value::Timestamp(
+            NaiveDateTime::parse_from_str("2024-01-02T03:04:05.250", TIMESTAMP_FORMAT).unwrap(),
+        );
         assert_eq!(ts.canonical_text().unwrap(), "2024-01-02T03:04:05.250");
-        assert_eq!(Value::from_canonical_text(FieldType::Timestamp, "2024-01-02T03:04:05.250"), Some(ts));
+        assert_eq!(
+            Value::from_canonical_text(FieldType::Timestamp, "2024-01-02T03:04:05.250"),
+            Some(ts)
+        );
     }
 
     #[test]

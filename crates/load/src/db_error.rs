@@ -14,7 +14,9 @@ pub(crate) fn db_error(err: sqlx::Error) -> Error {
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => {
-            let postgres = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some();
+            let postgres = db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some();
             db.code().is_some_and(|code| {
                 if postgres {
                     transient_sqlstate(&code)
@@ -41,7 +43,11 @@ fn transient_sqlite_code(code: &str) -> bool {
 /// serialization failure, deadlock, administrator/crash shutdown, cannot
 /// connect now, too many connections, lock not available.
 fn transient_sqlstate(code: &str) -> bool {
-    code.starts_with("08") || matches!(code, "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300" | "55P03")
+    code.starts_with("08")
+        || matches!(
+            code,
+            "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300" | "55P03"
+        )
 }
 
 /// Shorthand for `.map_err(db_error)`.

@@ -191,9 +191,13 @@ pub(crate) fn decide(row: Snapshot, request: &ClaimRequest) -> Decision {
         return Decision::Done(row.result.unwrap_or_default());
     }
     if row.status != "running" {
-        return Decision::Take { resume: None, previous_lost: false };
+        return Decision::Take {
+            resume: None,
+            previous_lost: false,
+        };
     }
-    if row.lease_live && !holder_is_dead(row.lease_host.as_deref(), row.lease_pid, &request.worker) {
+    if row.lease_live && !holder_is_dead(row.lease_host.as_deref(), row.lease_pid, &request.worker)
+    {
         return Decision::Held {
             owner: row.lease_owner.unwrap_or_default(),
             expires_at: row.lease_expires_at.unwrap_or_default(),
@@ -203,7 +207,10 @@ pub(crate) fn decide(row: Snapshot, request: &ClaimRequest) -> Decision {
         (false, Some(cp), Some(run_id)) => Some((cp, run_id)),
         _ => None,
     };
-    Decision::Take { resume, previous_lost: true }
+    Decision::Take {
+        resume,
+        previous_lost: true,
+    }
 }
 
 /// Decodes a `_tm_batches.key_hashes` blob.
@@ -222,7 +229,11 @@ pub(crate) fn encode_hashes<'a>(hashes: impl Iterator<Item = &'a Hash128>) -> Ve
 
 /// Whether a lease holder on this host is provably dead: same host, and
 /// no process with its pid exists.
-pub(crate) fn holder_is_dead(holder_host: Option<&str>, holder_pid: Option<i64>, me: &WorkerId) -> bool {
+pub(crate) fn holder_is_dead(
+    holder_host: Option<&str>,
+    holder_pid: Option<i64>,
+    me: &WorkerId,
+) -> bool {
     match (holder_host, holder_pid) {
         (Some(host), Some(pid)) if host == me.host => {
             pid != i64::from(me.pid) && !std::path::Path::new(&format!("/proc/{pid}")).exists()
@@ -246,7 +257,11 @@ mod tests {
 
     #[test]
     fn only_gone_processes_on_this_host_are_dead() {
-        let me = WorkerId { host: "h1".into(), pid: std::process::id(), instance: "x".into() };
+        let me = WorkerId {
+            host: "h1".into(),
+            pid: std::process::id(),
+            instance: "x".into(),
+        };
         assert!(holder_is_dead(Some("h1"), Some(i64::from(u32::MAX)), &me));
         assert!(!holder_is_dead(Some("h1"), Some(1), &me)); // pid 1 always exists
         assert!(!holder_is_dead(Some("h2"), Some(i64::from(u32::MAX)), &me));

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tidemark_core::{Error, RunKey};
 
-pub use ledger::{Claim, ClaimRequest, ClaimedRun, Counts, LedgerEntry, Lease, WorkerId};
+pub use ledger::{Claim, ClaimRequest, ClaimedRun, Counts, Lease, LedgerEntry, WorkerId};
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter};
 
@@ -60,7 +60,10 @@ impl Store {
             return Err(Error::config(
                 "command line",
                 "--database-url",
-                format!("unsupported database URL {:?}: use sqlite://PATH or postgres://...", redact_url(url)),
+                format!(
+                    "unsupported database URL {:?}: use sqlite://PATH or postgres://...",
+                    redact_url(url)
+                ),
             ));
         };
         Ok(Store { backend })
@@ -88,7 +91,12 @@ impl Store {
     }
 
     /// Records a failed attempt (fenced: a superseded attempt changes nothing).
-    pub async fn mark_failed(&self, lease: &Lease, counts: &Counts, error: &Error) -> Result<(), Error> {
+    pub async fn mark_failed(
+        &self,
+        lease: &Lease,
+        counts: &Counts,
+        error: &Error,
+    ) -> Result<(), Error> {
         dispatch!(self, s => s.mark_failed(lease, counts, error).await)
     }
 
@@ -98,7 +106,11 @@ impl Store {
     }
 
     /// Ledger rows of a pipeline, optionally for one period start.
-    pub async fn status(&self, pipeline: &str, period_start: Option<&str>) -> Result<Vec<LedgerEntry>, Error> {
+    pub async fn status(
+        &self,
+        pipeline: &str,
+        period_start: Option<&str>,
+    ) -> Result<Vec<LedgerEntry>, Error> {
         dispatch!(self, s => s.status(pipeline, period_start).await)
     }
 
@@ -109,7 +121,12 @@ impl Store {
     }
 
     /// Starts writing the batches of a claimed run.
-    pub async fn writer(&self, schema: TableSchema, run: &ClaimedRun, key: &RunKey) -> Result<RunWriter, Error> {
+    pub async fn writer(
+        &self,
+        schema: TableSchema,
+        run: &ClaimedRun,
+        key: &RunKey,
+    ) -> Result<RunWriter, Error> {
         RunWriter::start(self.clone(), schema, run, key).await
     }
 }
@@ -143,7 +160,10 @@ mod tests {
 
     #[test]
     fn passwords_are_redacted() {
-        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
     }

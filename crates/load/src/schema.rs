@@ -33,7 +33,11 @@ impl TableSchema {
     /// The table a pipeline loads into.
     pub fn from_pipeline(pipeline: &Pipeline) -> TableSchema {
         let spec = &pipeline.spec;
-        let columns: Vec<(String, FieldType)> = spec.fields.iter().map(|(name, f)| (name.clone(), f.ty)).collect();
+        let columns: Vec<(String, FieldType)> = spec
+            .fields
+            .iter()
+            .map(|(name, f)| (name.clone(), f.ty))
+            .collect();
         let key = spec
             .load
             .key

@@ -129,7 +129,12 @@ pub struct RunWriter {
 }
 
 impl RunWriter {
-    pub(crate) async fn start(store: Store, schema: TableSchema, run: &ClaimedRun, key: &RunKey) -> Result<Self, Error> {
+    pub(crate) async fn start(
+        store: Store,
+        schema: TableSchema,
+        run: &ClaimedRun,
+        key: &RunKey,
+    ) -> Result<Self, Error> {
         let lineage = Lineage {
             pipeline: key.pipeline.clone(),
             source: key.source.clone(),
@@ -141,7 +146,11 @@ impl RunWriter {
             Backend::Sqlite(s) => s.existing_hashes(&schema, &lineage).await?,
             Backend::Postgres(s) => s.existing_hashes(&schema, &lineage).await?,
         };
-        tracing::debug!(existing = existing.len(), seen = run.seen.len(), "writer ready");
+        tracing::debug!(
+            existing = existing.len(),
+            seen = run.seen.len(),
+            "writer ready"
+        );
         Ok(RunWriter {
             store,
             schema,
@@ -199,8 +208,14 @@ impl RunWriter {
             try_direct_copy,
         };
         let outcome = match &self.store.backend {
-            Backend::Sqlite(s) => s.apply_batch(&self.lease, &self.schema, &self.lineage, &batch).await?,
-            Backend::Postgres(s) => s.apply_batch(&self.lease, &self.schema, &self.lineage, &batch).await?,
+            Backend::Sqlite(s) => {
+                s.apply_batch(&self.lease, &self.schema, &self.lineage, &batch)
+                    .await?
+            }
+            Backend::Postgres(s) => {
+                s.apply_batch(&self.lease, &self.schema, &self.lineage, &batch)
+                    .await?
+            }
         };
         // Committed: only now does in-memory state move forward.
         let mut counts = batch.counts;
@@ -224,20 +239,41 @@ impl RunWriter {
         // there are none, reconciliation has nothing to look for.
         let maybe_vanished = self.existing.keys().any(|k| !self.seen.contains(k));
         let reconcile = Reconcile {
-            on_missing: if maybe_vanished { reconcile.on_missing } else { OnMissing::Keep },
+            on_missing: if maybe_vanished {
+                reconcile.on_missing
+            } else {
+                OnMissing::Keep
+            },
             ..*reconcile
         };
         let result = match &self.store.backend {
             Backend::Sqlite(s) => {
-                s.finish(&self.lease, &self.schema, &self.lineage, &self.seen, &reconcile, self.counts)
-                    .await?
+                s.finish(
+                    &self.lease,
+                    &self.schema,
+                    &self.lineage,
+                    &self.seen,
+                    &reconcile,
+                    self.counts,
+                )
+                .await?
             }
             Backend::Postgres(s) => {
-                s.finish(&self.lease, &self.schema, &self.lineage, &self.seen, &reconcile, self.counts)
-                    .await?
+                s.finish(
+                    &self.lease,
+                    &self.schema,
+                    &self.lineage,
+                    &self.seen,
+                    &reconcile,
+                    self.counts,
+                )
+                .await?
             }
         };
-        if let Some(deleted) = result.get("rows_deleted").and_then(serde_json::Value::as_u64) {
+        if let Some(deleted) = result
+            .get("rows_deleted")
+            .and_then(serde_json::Value::as_u64)
+        {
             self.counts.rows_deleted = deleted;
         }
         Ok(result)
@@ -246,7 +282,12 @@ impl RunWriter {
 
 /// The canonical result of a done run, stored in the ledger and printed on
 /// a re-run.
-pub(crate) fn result_json(lineage: &Lineage, lease: &Lease, counts: &Counts, finished_at: &str) -> serde_json::Value {
+pub(crate) fn result_json(
+    lineage: &Lineage,
+    lease: &Lease,
+    counts: &Counts,
+    finished_at: &str,
+) -> serde_json::Value {
     let mut result = serde_json::json!({
         "pipeline": lineage.pipeline,
         "source": lineage.source,
@@ -258,7 +299,9 @@ pub(crate) fn result_json(lineage: &Lineage, lease: &Lease, counts: &Counts, fin
         "run_id": lease.run_id,
         "finished_at": finished_at,
     });
-    if let (Some(map), Ok(serde_json::Value::Object(c))) = (result.as_object_mut(), serde_json::to_value(counts)) {
+    if let (Some(map), Ok(serde_json::Value::Object(c))) =
+        (result.as_object_mut(), serde_json::to_value(counts))
+    {
         map.extend(c);
     }
     result
@@ -266,7 +309,12 @@ pub(crate) fn result_json(lineage: &Lineage, lease: &Lease, counts: &Counts, fin
 
 /// Whether a reconciliation deleting `to_delete` of `live` rows must be
 /// refused. An empty source may never wipe a period unless forced.
-pub(crate) fn refuse_deletes(to_delete: u64, live: u64, rows_read: u64, reconcile: &Reconcile) -> Option<String> {
+pub(crate) fn refuse_deletes(
+    to_delete: u64,
+    live: u64,
+    rows_read: u64,
+    reconcile: &Reconcile,
+) -> Option<String> {
     if to_delete == 0 || reconcile.force_deletes {
         return None;
     }
@@ -291,7 +339,11 @@ mod tests {
     use super::*;
 
     fn rec(fraction: f64, force: bool) -> Reconcile {
-        Reconcile { on_missing: OnMissing::Delete, max_delete_fraction: fraction, force_deletes: force }
+        Reconcile {
+            on_missing: OnMissing::Delete,
+            max_delete_fraction: fraction,
+            force_deletes: force,
+        }
     }
 
     #[test]
@@ -301,7 +353,9 @@ mod tests {
         assert!(refuse_deletes(6, 10, 4, &rec(0.5, false)).is_some());
         assert!(refuse_deletes(6, 10, 4, &rec(0.5, true)).is_none());
         // An empty source never wipes a period, whatever the fraction allows.
-        assert!(refuse_deletes(10, 10, 0, &rec(1.0, false)).unwrap().contains("no records"));
+        assert!(refuse_deletes(10, 10, 0, &rec(1.0, false))
+            .unwrap()
+            .contains("no records"));
         assert!(refuse_deletes(10, 10, 0, &rec(1.0, true)).is_none());
     }
 }

@@ -36,7 +36,8 @@ struct TestDb {
 }
 
 fn admin_url() -> String {
-    std::env::var("TIDEMARK_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+    std::env::var("TIDEMARK_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
 impl TestDb {
@@ -44,20 +45,36 @@ impl TestDb {
         let dir = tempfile::tempdir().unwrap();
         if !postgres {
             let url = format!("sqlite://{}", dir.path().join("t.db").display());
-            return TestDb { url, pg_name: None, _dir: dir };
+            return TestDb {
+                url,
+                pg_name: None,
+                _dir: dir,
+            };
         }
         let name = format!("tm_ledger_{}", uuid::Uuid::new_v4().simple());
         let admin = admin_url();
-        let mut conn = sqlx::PgConnection::connect(&admin).await.expect("PostgreSQL for tests");
-        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.unwrap();
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("PostgreSQL for tests");
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await
+            .unwrap();
         let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
-        TestDb { url, pg_name: Some(name), _dir: dir }
+        TestDb {
+            url,
+            pg_name: Some(name),
+            _dir: dir,
+        }
     }
 
     async fn drop_db(self) {
         if let Some(name) = &self.pg_name {
             let mut conn = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
-            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&mut conn).await.unwrap();
+            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .execute(&mut conn)
+                .await
+                .unwrap();
         }
     }
 }
@@ -75,7 +92,11 @@ fn request(instance: &str) -> ClaimRequest {
         force: false,
         handler_version: "1".into(),
         // A host name no real process has, so the dead-holder shortcut never applies.
-        worker: WorkerId { host: format!("test-host-{instance}"), pid: 1, instance: instance.into() },
+        worker: WorkerId {
+            host: format!("test-host-{instance}"),
+            pid: 1,
+            instance: instance.into(),
+        },
         lease_ttl: Duration::from_secs(30),
     }
 }
@@ -105,12 +126,26 @@ async fn concurrent_claims_have_exactly_one_winner(postgres: bool) {
     for trial in 0..20 {
         let key = Arc::new(key(&p, &format!("2024-01-{:02}", trial + 1)));
         let (a, b) = tokio::join!(
-            { let s = store.clone(); let k = Arc::clone(&key); tokio::spawn(async move { s.claim(&k, &request("a")).await }) },
-            { let s = store.clone(); let k = Arc::clone(&key); tokio::spawn(async move { s.claim(&k, &request("b")).await }) },
+            {
+                let s = store.clone();
+                let k = Arc::clone(&key);
+                tokio::spawn(async move { s.claim(&k, &request("a")).await })
+            },
+            {
+                let s = store.clone();
+                let k = Arc::clone(&key);
+                tokio::spawn(async move { s.claim(&k, &request("b")).await })
+            },
         );
         let outcomes = [a.unwrap().unwrap(), b.unwrap().unwrap()];
-        let winners = outcomes.iter().filter(|c| matches!(c, Claim::Claimed(_))).count();
-        let held = outcomes.iter().filter(|c| matches!(c, Claim::Held { .. })).count();
+        let winners = outcomes
+            .iter()
+            .filter(|c| matches!(c, Claim::Claimed(_)))
+            .count();
+        let held = outcomes
+            .iter()
+            .filter(|c| matches!(c, Claim::Held { .. }))
+            .count();
         assert_eq!((winners, held), (1, 1), "trial {trial}: {outcomes:?}");
     }
     db.drop_db().await;
@@ -125,26 +160,44 @@ async fn superseded_attempt_cannot_commit(postgres: bool) {
     let key = key(&p, "2024-01-01");
     let first = claimed(store.claim(&key, &request("a")).await.unwrap());
     let mut writer = store.writer(schema.clone(), &first, &key).await.unwrap();
-    writer.write_batch(&[row(1, "one")], &[], 1, &serde_json::json!({"n": 1})).await.unwrap();
+    writer
+        .write_batch(&[row(1, "one")], &[], 1, &serde_json::json!({"n": 1}))
+        .await
+        .unwrap();
 
     // The lease expires (a stalled worker), and another worker takes over.
     expire_lease(&db.url).await;
     let second = claimed(store.claim(&key, &request("b")).await.unwrap());
     assert_eq!(second.lease.attempt, first.lease.attempt + 1);
-    assert_eq!(second.lease.run_id, first.lease.run_id, "a crashed run resumes under the same run id");
+    assert_eq!(
+        second.lease.run_id, first.lease.run_id,
+        "a crashed run resumes under the same run id"
+    );
     assert_eq!(second.resume, Some(serde_json::json!({"n": 1})));
-    assert!(second.seen.contains(&row(1, "one").key_hash), "committed keys survive the takeover");
+    assert!(
+        second.seen.contains(&row(1, "one").key_hash),
+        "committed keys survive the takeover"
+    );
 
     // The stalled worker wakes up: its next batch must be rolled back.
-    let err = writer.write_batch(&[row(2, "two")], &[], 1, &serde_json::json!({"n": 2})).await.unwrap_err();
+    let err = writer
+        .write_batch(&[row(2, "two")], &[], 1, &serde_json::json!({"n": 2}))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::LeaseLost(_)), "{err:?}");
     assert!(writer.finish(&reconcile()).await.is_err());
-    assert!(!store.heartbeat(&first.lease, Duration::from_secs(30)).await.unwrap());
+    assert!(!store
+        .heartbeat(&first.lease, Duration::from_secs(30))
+        .await
+        .unwrap());
     assert_eq!(count_rows(&db.url).await, 1, "the fenced batch left no row");
 
     // The new holder finishes normally.
     let mut writer = store.writer(schema, &second, &key).await.unwrap();
-    writer.write_batch(&[row(2, "two")], &[], 1, &serde_json::json!({"n": 2})).await.unwrap();
+    writer
+        .write_batch(&[row(2, "two")], &[], 1, &serde_json::json!({"n": 2}))
+        .await
+        .unwrap();
     writer.finish(&reconcile()).await.unwrap();
     assert_eq!(count_rows(&db.url).await, 2);
     match store.claim(&key, &request("c")).await.unwrap() {
@@ -158,9 +211,19 @@ async fn changed_key_type_is_a_contract_error(postgres: bool) {
     let db = TestDb::new(postgres).await;
     let store = Store::connect(&db.url).await.unwrap();
     let p = pipeline();
-    store.ensure_table(&TableSchema::from_pipeline(&p)).await.unwrap();
-    let changed = Pipeline::parse(&PIPELINE.replace("type = \"int\"", "type = \"text\""), Path::new("p.toml")).unwrap();
-    let err = store.ensure_table(&TableSchema::from_pipeline(&changed)).await.unwrap_err();
+    store
+        .ensure_table(&TableSchema::from_pipeline(&p))
+        .await
+        .unwrap();
+    let changed = Pipeline::parse(
+        &PIPELINE.replace("type = \"int\"", "type = \"text\""),
+        Path::new("p.toml"),
+    )
+    .unwrap();
+    let err = store
+        .ensure_table(&TableSchema::from_pipeline(&changed))
+        .await
+        .unwrap_err();
     match &err {
         Error::Contract { table, message } => {
             assert_eq!(table, "items");
@@ -180,14 +243,27 @@ async fn key_from_another_run_key_is_taken_over(postgres: bool) {
     let p = pipeline();
     let schema = TableSchema::from_pipeline(&p);
     store.ensure_table(&schema).await.unwrap();
-    for (day, rows) in [("2024-01-01", vec![row(1, "one"), row(2, "two")]), ("2024-01-02", vec![row(2, "two"), row(3, "three")])] {
+    for (day, rows) in [
+        ("2024-01-01", vec![row(1, "one"), row(2, "two")]),
+        ("2024-01-02", vec![row(2, "two"), row(3, "three")]),
+    ] {
         let key = key(&p, day);
         let run = claimed(store.claim(&key, &request("a")).await.unwrap());
         let mut writer = store.writer(schema.clone(), &run, &key).await.unwrap();
-        writer.write_batch(&rows, &[], 2, &serde_json::json!({})).await.unwrap();
+        writer
+            .write_batch(&rows, &[], 2, &serde_json::json!({}))
+            .await
+            .unwrap();
         let result = writer.finish(&reconcile()).await.unwrap();
         if day == "2024-01-02" {
-            assert_eq!((result["rows_inserted"].as_u64(), result["rows_updated"].as_u64()), (Some(1), Some(1)), "{result}");
+            assert_eq!(
+                (
+                    result["rows_inserted"].as_u64(),
+                    result["rows_updated"].as_u64()
+                ),
+                (Some(1), Some(1)),
+                "{result}"
+            );
         }
     }
     assert_eq!(count_rows(&db.url).await, 3, "key 2 exists once");
@@ -224,10 +300,16 @@ async fn execute(url: &str, sql: &str) {
 async fn count_rows(url: &str) -> i64 {
     if url.starts_with("sqlite") {
         let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
-        sqlx::query_scalar("SELECT count(*) FROM items").fetch_one(&mut c).await.unwrap()
+        sqlx::query_scalar("SELECT count(*) FROM items")
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
     } else {
         let mut c = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query_scalar("SELECT count(*) FROM items").fetch_one(&mut c).await.unwrap()
+        sqlx::query_scalar("SELECT count(*) FROM items")
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
     }
 }
 

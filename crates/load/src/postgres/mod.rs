@@ -23,8 +23,8 @@ use tidemark_core::{Error, Hash128, RunKey};
 
 use crate::db_error::DbResultExt;
 use crate::ledger::{
-    decide, decode_hashes, encode_hashes, Claim, ClaimRequest, ClaimedRun, Counts, Decision, LedgerEntry, Lease,
-    Snapshot,
+    decide, decode_hashes, encode_hashes, Claim, ClaimRequest, ClaimedRun, Counts, Decision, Lease,
+    LedgerEntry, Snapshot,
 };
 use crate::schema::TableSchema;
 use crate::sqlite::to_i64;
@@ -111,7 +111,10 @@ impl PgStore {
         let resume = match decide(snapshot, request) {
             Decision::Done(result) => return Ok(Claim::Done(result)),
             Decision::Held { owner, expires_at } => return Ok(Claim::Held { owner, expires_at }),
-            Decision::Take { resume, previous_lost } => {
+            Decision::Take {
+                resume,
+                previous_lost,
+            } => {
                 if previous_lost {
                     sqlx::query(
                         "UPDATE _tm_attempts SET status = 'lost', finished_at = now() WHERE run_ref = $1 AND status = 'running'",
@@ -128,7 +131,13 @@ impl PgStore {
         let (run_id, counts, batches, seen, resume_cp) = match resume {
             Some((cp, run_id)) => {
                 let seen = load_seen(&mut tx, run_ref, &run_id).await?;
-                (run_id, counts_of(&row), row.get::<i64, _>("batches"), seen, Some(cp))
+                (
+                    run_id,
+                    counts_of(&row),
+                    row.get::<i64, _>("batches"),
+                    seen,
+                    Some(cp),
+                )
             }
             None => {
                 sqlx::query("DELETE FROM _tm_batches WHERE run_ref = $1")
@@ -136,7 +145,13 @@ impl PgStore {
                     .execute(&mut *tx)
                     .await
                     .db()?;
-                (uuid::Uuid::new_v4().simple().to_string(), Counts::default(), 0, HashSet::new(), None)
+                (
+                    uuid::Uuid::new_v4().simple().to_string(),
+                    Counts::default(),
+                    0,
+                    HashSet::new(),
+                    None,
+                )
             }
         };
         let fresh = resume_cp.is_none();
@@ -210,7 +225,12 @@ impl PgStore {
         Ok(done.rows_affected() == 1)
     }
 
-    pub(crate) async fn mark_failed(&self, lease: &Lease, counts: &Counts, error: &Error) -> Result<(), Error> {
+    pub(crate) async fn mark_failed(
+        &self,
+        lease: &Lease,
+        counts: &Counts,
+        error: &Error,
+    ) -> Result<(), Error> {
         let mut tx = self.pool.begin().await.db()?;
         let updated = sqlx::query(
             "UPDATE _tm_runs SET status = 'failed', error_class = $1, error_message = $2, finished_at = now(),
@@ -249,7 +269,11 @@ impl PgStore {
         tx.commit().await.db()
     }
 
-    pub(crate) async fn status(&self, pipeline: &str, period_start: Option<&str>) -> Result<Vec<LedgerEntry>, Error> {
+    pub(crate) async fn status(
+        &self,
+        pipeline: &str,
+        period_start: Option<&str>,
+    ) -> Result<Vec<LedgerEntry>, Error> {
         let rows = sqlx::query(
             "SELECT * FROM _tm_runs WHERE pipeline = $1 AND ($2::text IS NULL OR period_start = $2)
              ORDER BY period_start, source, export_type",
@@ -271,11 +295,13 @@ impl PgStore {
         .execute(&self.pool)
         .await
         .db()?;
-        let rejects = sqlx::query("DELETE FROM _tm_rejects WHERE created_at < now() - make_interval(secs => $1)")
-            .bind(secs)
-            .execute(&self.pool)
-            .await
-            .db()?;
+        let rejects = sqlx::query(
+            "DELETE FROM _tm_rejects WHERE created_at < now() - make_interval(secs => $1)",
+        )
+        .bind(secs)
+        .execute(&self.pool)
+        .await
+        .db()?;
         Ok((attempts.rows_affected(), rejects.rows_affected()))
     }
 
@@ -330,7 +356,14 @@ impl PgStore {
             .db()?;
         let mut counts = batch.counts;
         outcome.written.apply(&mut counts);
-        save_progress(&mut tx, lease, &counts, Some(batch.checkpoint), batch.batch_no).await?;
+        save_progress(
+            &mut tx,
+            lease,
+            &counts,
+            Some(batch.checkpoint),
+            batch.batch_no,
+        )
+        .await?;
         tx.commit().await.db()?;
         Ok(outcome)
     }
@@ -348,10 +381,14 @@ impl PgStore {
         fence(&mut tx, lease).await?;
         if reconcile.on_missing != OnMissing::Keep {
             let (live, vanished) = table::vanished_keys(&mut tx, schema, lineage, seen).await?;
-            if let Some(why) = refuse_deletes(vanished.len() as u64, live, counts.rows_read, reconcile) {
+            if let Some(why) =
+                refuse_deletes(vanished.len() as u64, live, counts.rows_read, reconcile)
+            {
                 return Err(Error::Invariant(why));
             }
-            counts.rows_deleted = table::delete_keys(&mut tx, schema, lineage, reconcile.on_missing, &vanished).await?;
+            counts.rows_deleted =
+                table::delete_keys(&mut tx, schema, lineage, reconcile.on_missing, &vanished)
+                    .await?;
         }
         let finished_at = timestamp_text(Utc::now());
         let result = result_json(lineage, lease, &counts, &finished_at);
@@ -452,12 +489,17 @@ async fn finish_attempt(
     Ok(())
 }
 
-async fn load_seen(tx: &mut Transaction<'_, Postgres>, run_ref: i64, run_id: &str) -> Result<HashSet<Hash128>, Error> {
+async fn load_seen(
+    tx: &mut Transaction<'_, Postgres>,
+    run_ref: i64,
+    run_id: &str,
+) -> Result<HashSet<Hash128>, Error> {
     let mut seen = HashSet::new();
-    let mut rows = sqlx::query("SELECT key_hashes FROM _tm_batches WHERE run_ref = $1 AND run_id = $2")
-        .bind(run_ref)
-        .bind(run_id)
-        .fetch(&mut **tx);
+    let mut rows =
+        sqlx::query("SELECT key_hashes FROM _tm_batches WHERE run_ref = $1 AND run_id = $2")
+            .bind(run_ref)
+            .bind(run_id)
+            .fetch(&mut **tx);
     while let Some(row) = rows.try_next().await.db()? {
         let blob: Vec<u8> = row.try_get(0).db()?;
         decode_hashes(&blob, &mut seen);

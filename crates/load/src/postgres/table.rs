@@ -76,22 +76,32 @@ pub(super) async fn ensure_table(pool: &PgPool, schema: &TableSchema) -> Result<
     tx.commit().await.db()
 }
 
-async fn create_table(tx: &mut Transaction<'_, Postgres>, schema: &TableSchema) -> Result<(), Error> {
+async fn create_table(
+    tx: &mut Transaction<'_, Postgres>,
+    schema: &TableSchema,
+) -> Result<(), Error> {
     let mut columns: Vec<String> = schema
         .columns
         .iter()
         .map(|(name, ty)| format!("{} {}", quote(name), pg_type(*ty)))
         .collect();
-    columns.extend(LINEAGE_COLUMNS.iter().map(|c| format!("{c} {}", lineage_type(c))));
+    columns.extend(
+        LINEAGE_COLUMNS
+            .iter()
+            .map(|c| format!("{c} {}", lineage_type(c))),
+    );
     if schema.soft_delete {
         columns.push(format!("{DELETED_AT} timestamptz"));
     }
     columns.push(format!("UNIQUE ({})", key_list(schema)));
     let table = quote(&schema.table);
-    sqlx::query(&format!("CREATE TABLE {table} (\n  {}\n)", columns.join(",\n  ")))
-        .execute(&mut **tx)
-        .await
-        .db()?;
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (\n  {}\n)",
+        columns.join(",\n  ")
+    ))
+    .execute(&mut **tx)
+    .await
+    .db()?;
     sqlx::query(&format!(
         "CREATE INDEX {} ON {table} (_tm_source, _tm_export_type, _tm_period_start)",
         quote(&format!("{}__tm_run_key", schema.table))
@@ -105,7 +115,10 @@ async fn create_table(tx: &mut Transaction<'_, Postgres>, schema: &TableSchema) 
 
 /// An existing table must have every field with its type, the lineage
 /// columns, and a UNIQUE index on exactly the natural key.
-async fn check_table(tx: &mut Transaction<'_, Postgres>, schema: &TableSchema) -> Result<(), Error> {
+async fn check_table(
+    tx: &mut Transaction<'_, Postgres>,
+    schema: &TableSchema,
+) -> Result<(), Error> {
     let actual: Vec<(String, String)> = sqlx::query_as(
         "SELECT column_name::text, data_type::text FROM information_schema.columns
          WHERE table_schema = current_schema() AND table_name = $1",
@@ -118,10 +131,12 @@ async fn check_table(tx: &mut Transaction<'_, Postgres>, schema: &TableSchema) -
     for (name, ty) in &schema.columns {
         match actual.iter().find(|(n, _)| n == name) {
             None => problems.push(format!("column `{name}` is missing (field of type {ty})")),
-            Some((_, declared)) if declared != information_schema_type(*ty) => problems.push(format!(
-                "column `{name}` is {declared}, but field `{name}` has type {ty} (expected {})",
-                pg_type(*ty)
-            )),
+            Some((_, declared)) if declared != information_schema_type(*ty) => {
+                problems.push(format!(
+                    "column `{name}` is {declared}, but field `{name}` has type {ty} (expected {})",
+                    pg_type(*ty)
+                ))
+            }
             Some(_) => {}
         }
     }
@@ -159,16 +174,23 @@ async fn check_table(tx: &mut Transaction<'_, Postgres>, schema: &TableSchema) -
         )));
     }
     if schema.soft_delete && !actual.iter().any(|(n, _)| n == DELETED_AT) {
-        sqlx::query(&format!("ALTER TABLE {} ADD COLUMN {DELETED_AT} timestamptz", quote(&schema.table)))
-            .execute(&mut **tx)
-            .await
-            .db()?;
+        sqlx::query(&format!(
+            "ALTER TABLE {} ADD COLUMN {DELETED_AT} timestamptz",
+            quote(&schema.table)
+        ))
+        .execute(&mut **tx)
+        .await
+        .db()?;
     }
     Ok(())
 }
 
 fn key_list(schema: &TableSchema) -> String {
-    schema.key_columns().map(|(n, _)| quote(n)).collect::<Vec<_>>().join(", ")
+    schema
+        .key_columns()
+        .map(|(n, _)| quote(n))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Natural-key columns (numeric as text, so it reads back exactly) plus
@@ -207,8 +229,14 @@ pub(super) fn key_of(schema: &TableSchema, row: &PgRow) -> Result<(Hash128, Vec<
 
 fn decode(row: &PgRow, i: usize, ty: FieldType) -> Result<Value, Error> {
     Ok(match ty {
-        FieldType::Int => row.try_get::<Option<i64>, _>(i).db()?.map_or(Value::Null, Value::Int),
-        FieldType::Bool => row.try_get::<Option<bool>, _>(i).db()?.map_or(Value::Null, Value::Bool),
+        FieldType::Int => row
+            .try_get::<Option<i64>, _>(i)
+            .db()?
+            .map_or(Value::Null, Value::Int),
+        FieldType::Bool => row
+            .try_get::<Option<bool>, _>(i)
+            .db()?
+            .map_or(Value::Null, Value::Bool),
         FieldType::Date => row
             .try_get::<Option<chrono::NaiveDate>, _>(i)
             .db()?
@@ -290,9 +318,16 @@ fn column_list(schema: &TableSchema) -> String {
     names.join(", ")
 }
 
-async fn copy_into(tx: &mut Transaction<'_, Postgres>, table: &str, columns: &str, data: &str) -> Result<u64, sqlx::Error> {
+async fn copy_into(
+    tx: &mut Transaction<'_, Postgres>,
+    table: &str,
+    columns: &str,
+    data: &str,
+) -> Result<u64, sqlx::Error> {
     let mut copy = tx
-        .copy_in_raw(&format!("COPY {table} ({columns}) FROM STDIN (FORMAT text)"))
+        .copy_in_raw(&format!(
+            "COPY {table} ({columns}) FROM STDIN (FORMAT text)"
+        ))
         .await?;
     if let Err(e) = copy.send(data.as_bytes()).await {
         let _ = copy.abort(e.to_string()).await;
@@ -354,7 +389,11 @@ async fn merge_through_stage(
         .iter()
         .map(|(n, _)| format!("{0} = EXCLUDED.{0}", quote(n)))
         .collect();
-    sets.extend(LINEAGE_COLUMNS.iter().map(|c| format!("{c} = EXCLUDED.{c}")));
+    sets.extend(
+        LINEAGE_COLUMNS
+            .iter()
+            .map(|c| format!("{c} = EXCLUDED.{c}")),
+    );
     let mut differs = String::from(
         "t._tm_row_hash IS DISTINCT FROM EXCLUDED._tm_row_hash
          OR t._tm_source IS DISTINCT FROM EXCLUDED._tm_source
@@ -446,7 +485,9 @@ pub(super) async fn delete_keys(
         return Ok(0);
     }
     let key_columns: Vec<&(String, FieldType)> = schema.key_columns().collect();
-    let arrays: Vec<String> = (0..key_columns.len()).map(|i| format!("${}::text[]", i + 4)).collect();
+    let arrays: Vec<String> = (0..key_columns.len())
+        .map(|i| format!("${}::text[]", i + 4))
+        .collect();
     let names: Vec<String> = (0..key_columns.len()).map(|i| format!("k{i}")).collect();
     let join: Vec<String> = key_columns
         .iter()
@@ -455,13 +496,17 @@ pub(super) async fn delete_keys(
         .collect();
     let table = quote(&schema.table);
     let from = format!("unnest({}) AS v({})", arrays.join(", "), names.join(", "));
-    let run_key = "t._tm_source = $1 AND t._tm_export_type = $2 AND t._tm_period_start = $3::timestamptz";
+    let run_key =
+        "t._tm_source = $1 AND t._tm_export_type = $2 AND t._tm_period_start = $3::timestamptz";
     let sql = match on_missing {
         OnMissing::SoftDelete => format!(
             "UPDATE {table} AS t SET {DELETED_AT} = now() FROM {from} WHERE {} AND {run_key}",
             join.join(" AND ")
         ),
-        _ => format!("DELETE FROM {table} AS t USING {from} WHERE {} AND {run_key}", join.join(" AND ")),
+        _ => format!(
+            "DELETE FROM {table} AS t USING {from} WHERE {} AND {run_key}",
+            join.join(" AND ")
+        ),
     };
     let mut query = sqlx::query(&sql)
         .bind(&lineage.source)

@@ -12,15 +12,18 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
 use sqlx::{Row as _, Sqlite, Transaction};
 use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, Hash128, RunKey};
 
 use crate::db_error::DbResultExt;
 use crate::ledger::{
-    decide, decode_hashes, encode_hashes, Claim, ClaimRequest, ClaimedRun, Counts, Decision, LedgerEntry, Lease,
-    Snapshot,
+    decide, decode_hashes, encode_hashes, Claim, ClaimRequest, ClaimedRun, Counts, Decision, Lease,
+    LedgerEntry, Snapshot,
 };
 use crate::schema::TableSchema;
 use crate::writer::{refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile};
@@ -60,7 +63,10 @@ impl SqliteStore {
         let mut tries = 0;
         loop {
             tries += 1;
-            match sqlx::migrate!("../../migrations/sqlite").run(&self.pool).await {
+            match sqlx::migrate!("../../migrations/sqlite")
+                .run(&self.pool)
+                .await
+            {
                 Ok(()) => return Ok(()),
                 Err(e) if tries < 5 => {
                     tracing::debug!(error = %e, "ledger migration raced another process; trying again");
@@ -131,7 +137,10 @@ impl SqliteStore {
         let resume = match decide(snapshot, request) {
             Decision::Done(result) => return Ok(Claim::Done(result)),
             Decision::Held { owner, expires_at } => return Ok(Claim::Held { owner, expires_at }),
-            Decision::Take { resume, previous_lost } => {
+            Decision::Take {
+                resume,
+                previous_lost,
+            } => {
                 if previous_lost {
                     sqlx::query("UPDATE _tm_attempts SET status = 'lost', finished_at = ? WHERE run_ref = ? AND status = 'running'")
                         .bind(&now_s)
@@ -144,11 +153,18 @@ impl SqliteStore {
             }
         };
         let attempt: i64 = row.get::<i64, _>("attempt") + 1;
-        let lease_expires = timestamp_text(now + chrono::Duration::from_std(request.lease_ttl).unwrap_or_default());
+        let lease_expires =
+            timestamp_text(now + chrono::Duration::from_std(request.lease_ttl).unwrap_or_default());
         let (run_id, counts, batches, seen, resume_cp) = match resume {
             Some((cp, run_id)) => {
                 let seen = load_seen(&mut tx, run_ref, &run_id).await?;
-                (run_id, counts_of(&row), row.get::<i64, _>("batches"), seen, Some(cp))
+                (
+                    run_id,
+                    counts_of(&row),
+                    row.get::<i64, _>("batches"),
+                    seen,
+                    Some(cp),
+                )
             }
             None => {
                 sqlx::query("DELETE FROM _tm_batches WHERE run_ref = ?")
@@ -220,7 +236,9 @@ impl SqliteStore {
     }
 
     pub(crate) async fn heartbeat(&self, lease: &Lease, ttl: Duration) -> Result<bool, Error> {
-        let expires = timestamp_text(chrono::Utc::now() + chrono::Duration::from_std(ttl).unwrap_or_default());
+        let expires = timestamp_text(
+            chrono::Utc::now() + chrono::Duration::from_std(ttl).unwrap_or_default(),
+        );
         let done = sqlx::query(
             "UPDATE _tm_runs SET lease_expires_at = ? WHERE id = ? AND attempt = ? AND status = 'running'",
         )
@@ -233,7 +251,12 @@ impl SqliteStore {
         Ok(done.rows_affected() == 1)
     }
 
-    pub(crate) async fn mark_failed(&self, lease: &Lease, counts: &Counts, error: &Error) -> Result<(), Error> {
+    pub(crate) async fn mark_failed(
+        &self,
+        lease: &Lease,
+        counts: &Counts,
+        error: &Error,
+    ) -> Result<(), Error> {
         let now = now_text();
         let mut tx = self.pool.begin().await.db()?;
         let updated = sqlx::query(
@@ -275,7 +298,11 @@ impl SqliteStore {
         tx.commit().await.db()
     }
 
-    pub(crate) async fn status(&self, pipeline: &str, period_start: Option<&str>) -> Result<Vec<LedgerEntry>, Error> {
+    pub(crate) async fn status(
+        &self,
+        pipeline: &str,
+        period_start: Option<&str>,
+    ) -> Result<Vec<LedgerEntry>, Error> {
         let rows = sqlx::query(
             "SELECT * FROM _tm_runs WHERE pipeline = ? AND (? IS NULL OR period_start = ?)
              ORDER BY period_start, source, export_type",
@@ -290,12 +317,16 @@ impl SqliteStore {
     }
 
     pub(crate) async fn prune(&self, age: Duration) -> Result<(u64, u64), Error> {
-        let cutoff = timestamp_text(chrono::Utc::now() - chrono::Duration::from_std(age).unwrap_or_default());
-        let attempts = sqlx::query("DELETE FROM _tm_attempts WHERE finished_at IS NOT NULL AND finished_at < ?")
-            .bind(&cutoff)
-            .execute(&self.pool)
-            .await
-            .db()?;
+        let cutoff = timestamp_text(
+            chrono::Utc::now() - chrono::Duration::from_std(age).unwrap_or_default(),
+        );
+        let attempts = sqlx::query(
+            "DELETE FROM _tm_attempts WHERE finished_at IS NOT NULL AND finished_at < ?",
+        )
+        .bind(&cutoff)
+        .execute(&self.pool)
+        .await
+        .db()?;
         let rejects = sqlx::query("DELETE FROM _tm_rejects WHERE created_at < ?")
             .bind(&cutoff)
             .execute(&self.pool)
@@ -350,17 +381,26 @@ impl SqliteStore {
         for reject in batch.rejects {
             table::insert_reject(&mut tx, lineage, &lease.run_id, reject, &loaded_at).await?;
         }
-        sqlx::query("INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES (?, ?, ?, ?)")
-            .bind(lease.run_ref)
-            .bind(&lease.run_id)
-            .bind(batch.batch_no)
-            .bind(encode_hashes(batch.keys.iter()))
-            .execute(&mut *tx)
-            .await
-            .db()?;
+        sqlx::query(
+            "INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES (?, ?, ?, ?)",
+        )
+        .bind(lease.run_ref)
+        .bind(&lease.run_id)
+        .bind(batch.batch_no)
+        .bind(encode_hashes(batch.keys.iter()))
+        .execute(&mut *tx)
+        .await
+        .db()?;
         let mut counts = batch.counts;
         written.apply(&mut counts);
-        save_progress(&mut tx, lease, &counts, Some(batch.checkpoint), batch.batch_no).await?;
+        save_progress(
+            &mut tx,
+            lease,
+            &counts,
+            Some(batch.checkpoint),
+            batch.batch_no,
+        )
+        .await?;
         tx.commit().await.db()?;
         Ok(BatchOutcome {
             written,
@@ -382,10 +422,13 @@ impl SqliteStore {
         fence(&mut tx, lease).await?;
         if reconcile.on_missing != OnMissing::Keep {
             let (live, vanished) = table::vanished_rows(&mut tx, schema, lineage, seen).await?;
-            if let Some(why) = refuse_deletes(vanished.len() as u64, live, counts.rows_read, reconcile) {
+            if let Some(why) =
+                refuse_deletes(vanished.len() as u64, live, counts.rows_read, reconcile)
+            {
                 return Err(Error::Invariant(why));
             }
-            counts.rows_deleted = table::delete_rows(&mut tx, schema, reconcile.on_missing, &vanished, &now).await?;
+            counts.rows_deleted =
+                table::delete_rows(&mut tx, schema, reconcile.on_missing, &vanished, &now).await?;
         }
         let result = result_json(lineage, lease, &counts, &now);
         save_progress(&mut tx, lease, &counts, None, 0).await?;
@@ -413,13 +456,15 @@ impl SqliteStore {
 /// The fencing check, and the first write of every batch transaction: the
 /// ledger must still hold this attempt, running.
 async fn fence(tx: &mut Transaction<'_, Sqlite>, lease: &Lease) -> Result<(), Error> {
-    let held = sqlx::query("UPDATE _tm_runs SET updated_at = ? WHERE id = ? AND attempt = ? AND status = 'running'")
-        .bind(now_text())
-        .bind(lease.run_ref)
-        .bind(lease.attempt)
-        .execute(&mut **tx)
-        .await
-        .db()?;
+    let held = sqlx::query(
+        "UPDATE _tm_runs SET updated_at = ? WHERE id = ? AND attempt = ? AND status = 'running'",
+    )
+    .bind(now_text())
+    .bind(lease.run_ref)
+    .bind(lease.attempt)
+    .execute(&mut **tx)
+    .await
+    .db()?;
     if held.rows_affected() == 1 {
         Ok(())
     } else {
@@ -488,12 +533,17 @@ async fn finish_attempt(
     Ok(())
 }
 
-async fn load_seen(tx: &mut Transaction<'_, Sqlite>, run_ref: i64, run_id: &str) -> Result<HashSet<Hash128>, Error> {
+async fn load_seen(
+    tx: &mut Transaction<'_, Sqlite>,
+    run_ref: i64,
+    run_id: &str,
+) -> Result<HashSet<Hash128>, Error> {
     let mut seen = HashSet::new();
-    let mut rows = sqlx::query("SELECT key_hashes FROM _tm_batches WHERE run_ref = ? AND run_id = ?")
-        .bind(run_ref)
-        .bind(run_id)
-        .fetch(&mut **tx);
+    let mut rows =
+        sqlx::query("SELECT key_hashes FROM _tm_batches WHERE run_ref = ? AND run_id = ?")
+            .bind(run_ref)
+            .bind(run_id)
+            .fetch(&mut **tx);
     while let Some(row) = rows.try_next().await.db()? {
         let blob: Vec<u8> = row.try_get(0).db()?;
         decode_hashes(&blob, &mut seen);
@@ -502,7 +552,8 @@ async fn load_seen(tx: &mut Transaction<'_, Sqlite>, run_ref: i64, run_id: &str)
 }
 
 fn json_column(row: &SqliteRow, name: &str) -> Option<serde_json::Value> {
-    row.get::<Option<String>, _>(name).and_then(|text| serde_json::from_str(&text).ok())
+    row.get::<Option<String>, _>(name)
+        .and_then(|text| serde_json::from_str(&text).ok())
 }
 
 fn counts_of(row: &SqliteRow) -> Counts {

@@ -34,11 +34,12 @@ fn sql_type(ty: FieldType) -> &'static str {
 }
 
 pub(super) async fn ensure_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Error> {
-    let exists: Option<String> = sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?")
-        .bind(&schema.table)
-        .fetch_optional(pool)
-        .await
-        .db()?;
+    let exists: Option<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?")
+            .bind(&schema.table)
+            .fetch_optional(pool)
+            .await
+            .db()?;
     if exists.is_none() {
         return create_table(pool, schema).await;
     }
@@ -58,10 +59,13 @@ async fn create_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Err
     columns.push(format!("UNIQUE ({})", key_list(schema)));
     let table = quote(&schema.table);
     let mut tx = pool.begin().await.db()?;
-    sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {table} (\n  {}\n)", columns.join(",\n  ")))
-        .execute(&mut *tx)
-        .await
-        .db()?;
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\n  {}\n)",
+        columns.join(",\n  ")
+    ))
+    .execute(&mut *tx)
+    .await
+    .db()?;
     sqlx::query(&format!(
         "CREATE INDEX IF NOT EXISTS {} ON {table} (_tm_source, _tm_export_type, _tm_period_start)",
         quote(&format!("{}__tm_run_key", schema.table))
@@ -78,10 +82,18 @@ async fn create_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Err
 /// columns, and a UNIQUE index on exactly the natural key.
 async fn check_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Error> {
     let table = quote(&schema.table);
-    let info = sqlx::query(&format!("PRAGMA table_info({table})")).fetch_all(pool).await.db()?;
+    let info = sqlx::query(&format!("PRAGMA table_info({table})"))
+        .fetch_all(pool)
+        .await
+        .db()?;
     let actual: Vec<(String, String)> = info
         .iter()
-        .map(|r| (r.get::<String, _>("name"), r.get::<String, _>("type").to_uppercase()))
+        .map(|r| {
+            (
+                r.get::<String, _>("name"),
+                r.get::<String, _>("type").to_uppercase(),
+            )
+        })
         .collect();
     let contract = |message: String| Error::Contract {
         table: schema.table.clone(),
@@ -123,8 +135,15 @@ async fn check_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Erro
     Ok(())
 }
 
-async fn has_unique_index_on(pool: &SqlitePool, table: &str, key: &HashSet<&str>) -> Result<bool, Error> {
-    let indexes = sqlx::query(&format!("PRAGMA index_list({table})")).fetch_all(pool).await.db()?;
+async fn has_unique_index_on(
+    pool: &SqlitePool,
+    table: &str,
+    key: &HashSet<&str>,
+) -> Result<bool, Error> {
+    let indexes = sqlx::query(&format!("PRAGMA index_list({table})"))
+        .fetch_all(pool)
+        .await
+        .db()?;
     for index in indexes {
         if index.get::<i64, _>("unique") != 1 {
             continue;
@@ -144,7 +163,11 @@ async fn has_unique_index_on(pool: &SqlitePool, table: &str, key: &HashSet<&str>
 
 /// `"a", "b"`: the natural key columns.
 pub(super) fn key_list(schema: &TableSchema) -> String {
-    schema.key_columns().map(|(n, _)| quote(n)).collect::<Vec<_>>().join(", ")
+    schema
+        .key_columns()
+        .map(|(n, _)| quote(n))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The WHERE clause selecting the live rows of one run key; binds source,
@@ -165,7 +188,9 @@ pub(super) fn key_hash_of(schema: &TableSchema, row: &SqliteRow) -> Result<Hash1
     for (i, (name, ty)) in schema.key_columns().enumerate() {
         values.push((*ty, decode(row, i, name, *ty)?));
     }
-    Ok(tidemark_core::value::key_hash(values.iter().map(|(t, v)| (*t, v))))
+    Ok(tidemark_core::value::key_hash(
+        values.iter().map(|(t, v)| (*t, v)),
+    ))
 }
 
 fn decode(row: &SqliteRow, i: usize, name: &str, ty: FieldType) -> Result<Value, Error> {
@@ -174,8 +199,14 @@ fn decode(row: &SqliteRow, i: usize, name: &str, ty: FieldType) -> Result<Value,
         message: format!("stored key column `{name}` holds {text:?}, which is not a valid {ty}"),
     };
     match ty {
-        FieldType::Int => Ok(row.try_get::<Option<i64>, _>(i).db()?.map_or(Value::Null, Value::Int)),
-        FieldType::Bool => Ok(row.try_get::<Option<i64>, _>(i).db()?.map_or(Value::Null, |b| Value::Bool(b != 0))),
+        FieldType::Int => Ok(row
+            .try_get::<Option<i64>, _>(i)
+            .db()?
+            .map_or(Value::Null, Value::Int)),
+        FieldType::Bool => Ok(row
+            .try_get::<Option<i64>, _>(i)
+            .db()?
+            .map_or(Value::Null, |b| Value::Bool(b != 0))),
         _ => match row.try_get::<Option<String>, _>(i).db()? {
             None => Ok(Value::Null),
             Some(text) => Value::from_canonical_text(ty, &text).ok_or_else(|| bad(text)),
@@ -230,14 +261,22 @@ fn key_match(schema: &TableSchema) -> String {
 fn insert_head(schema: &TableSchema) -> String {
     let mut names: Vec<String> = schema.columns.iter().map(|(n, _)| quote(n)).collect();
     names.extend(LINEAGE_COLUMNS.iter().map(ToString::to_string));
-    format!("INSERT INTO {} ({})", quote(&schema.table), names.join(", "))
+    format!(
+        "INSERT INTO {} ({})",
+        quote(&schema.table),
+        names.join(", ")
+    )
 }
 
 /// `UPDATE` of every value and lineage column by natural key; with
 /// `only_if_different`, only when the hash or the run key differs, or the
 /// row was soft-deleted, so an identical row is never rewritten.
 fn update_sql(schema: &TableSchema, only_if_different: bool) -> String {
-    let mut sets: Vec<String> = schema.columns.iter().map(|(n, _)| format!("{} = ?", quote(n))).collect();
+    let mut sets: Vec<String> = schema
+        .columns
+        .iter()
+        .map(|(n, _)| format!("{} = ?", quote(n)))
+        .collect();
     sets.extend(LINEAGE_COLUMNS.iter().map(|c| format!("{c} = ?")));
     if schema.soft_delete {
         sets.push(format!("{DELETED_AT} = NULL"));
@@ -274,7 +313,9 @@ pub(super) async fn write_rows(
     let mut fresh = Vec::new();
     for (row, write) in rows {
         match write {
-            Write::Update if update(tx, schema, stamp, row, false).await? => written.add(Written::Updated),
+            Write::Update if update(tx, schema, stamp, row, false).await? => {
+                written.add(Written::Updated)
+            }
             _ => fresh.push(*row),
         }
     }
@@ -282,7 +323,8 @@ pub(super) async fn write_rows(
     let chunk_size = (MAX_VARIABLES / per_row).clamp(1, 500);
     for chunk in fresh.chunks(chunk_size) {
         let taken = existing_keys(tx, schema, chunk).await?;
-        let (elsewhere, new): (Vec<&Row>, Vec<&Row>) = chunk.iter().partition(|r| taken.contains(&r.key_hash));
+        let (elsewhere, new): (Vec<&Row>, Vec<&Row>) =
+            chunk.iter().partition(|r| taken.contains(&r.key_hash));
         written.inserted += insert_many(tx, schema, stamp, &new).await?;
         for row in elsewhere {
             written.add(if update(tx, schema, stamp, row, true).await? {
@@ -305,12 +347,24 @@ async fn existing_keys(
     rows: &[&Row],
 ) -> Result<HashSet<Hash128>, Error> {
     let list = if schema.key.len() == 1 {
-        format!("{} IN ({})", key_list(schema), vec!["?"; rows.len()].join(", "))
+        format!(
+            "{} IN ({})",
+            key_list(schema),
+            vec!["?"; rows.len()].join(", ")
+        )
     } else {
         let tuple = format!("({})", vec!["?"; schema.key.len()].join(", "));
-        format!("({}) IN (VALUES {})", key_list(schema), vec![tuple; rows.len()].join(", "))
+        format!(
+            "({}) IN (VALUES {})",
+            key_list(schema),
+            vec![tuple; rows.len()].join(", ")
+        )
     };
-    let sql = format!("SELECT {} FROM {} WHERE {list}", key_list(schema), quote(&schema.table));
+    let sql = format!(
+        "SELECT {} FROM {} WHERE {list}",
+        key_list(schema),
+        quote(&schema.table)
+    );
     let mut query = sqlx::query(&sql);
     for row in rows {
         query = bind_key(query, schema, row);
@@ -328,8 +382,15 @@ async fn insert_many(
     if rows.is_empty() {
         return Ok(0);
     }
-    let marks = format!("({})", vec!["?"; schema.columns.len() + LINEAGE_COLUMNS.len()].join(", "));
-    let sql = format!("{} VALUES {}", insert_head(schema), vec![marks; rows.len()].join(", "));
+    let marks = format!(
+        "({})",
+        vec!["?"; schema.columns.len() + LINEAGE_COLUMNS.len()].join(", ")
+    );
+    let sql = format!(
+        "{} VALUES {}",
+        insert_head(schema),
+        vec![marks; rows.len()].join(", ")
+    );
     let mut query = sqlx::query(&sql);
     for row in rows {
         for value in &row.values {
@@ -434,7 +495,9 @@ pub(super) async fn delete_rows(
     for chunk in rowids.chunks(500) {
         let marks = vec!["?"; chunk.len()].join(", ");
         let sql = match on_missing {
-            OnMissing::SoftDelete => format!("UPDATE {table} SET {DELETED_AT} = ? WHERE rowid IN ({marks})"),
+            OnMissing::SoftDelete => {
+                format!("UPDATE {table} SET {DELETED_AT} = ? WHERE rowid IN ({marks})")
+            }
             _ => format!("DELETE FROM {table} WHERE rowid IN ({marks})"),
         };
         let mut query = sqlx::query(&sql);
