@@ -1288,6 +1288,33 @@ async fn validate_checks_files_and_touches_no_database(backend: Backend) {
     // Without --database-url: the default sqlite://tidemark.db must not appear.
     env.tidemark_bare(&["validate", "orders"])
         .expect_code(0, "validate with the default database URL");
+    // --check-source reads the first batch and shows the mapping, writing nothing.
+    let out = env.tidemark(&[
+        "validate",
+        "orders",
+        "--check-source",
+        "--period",
+        "2024-01-03",
+    ]);
+    out.expect_code(0, "validate --check-source");
+    assert!(out.stdout.contains("20 record(s)"), "record count\n{out}");
+    assert!(
+        out.stdout.contains("order_id = O-20240103-001"),
+        "first record mapped\n{out}"
+    );
+    assert!(
+        out.stdout.contains("region = archive"),
+        "templated value\n{out}"
+    );
+    let out = env.tidemark(&[
+        "validate",
+        "orders",
+        "--check-source",
+        "--period",
+        "2023-01-03",
+    ]);
+    out.expect_code(1, "--check-source on a period without files");
+    assert!(out.stderr.contains("no file matches"), "{out}");
 
     assert!(
         env.db.untouched().await,

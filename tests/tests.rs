@@ -3,6 +3,7 @@
 
 mod support;
 
+mod coordination;
 mod foundation;
 mod http;
 mod scheduler;

@@ -180,6 +180,16 @@ pub struct ValidateArgs {
     /// Pipeline names or paths.
     #[arg(required = true, value_name = "PIPELINE")]
     pub names: Vec<String>,
+
+    /// Also read each source's first page (HTTP) or first batch (files) for
+    /// --period and show how the first record maps to the fields. Writes
+    /// nothing and opens no database.
+    #[arg(long)]
+    pub check_source: bool,
+
+    /// The period to check with --check-source (default: the current period).
+    #[arg(long, requires = "check_source")]
+    pub period: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -22,7 +22,7 @@ pub async fn dispatch(cli: Cli) -> Result<u8, Error> {
         Command::Sync(args) => sync(&cli.global, args).await,
         Command::Serve(args) => crate::serve::serve(&cli.global, args).await,
         Command::Status(args) => status(&cli.global, args).await,
-        Command::Validate(args) => validate(&cli.global, &args),
+        Command::Validate(args) => validate(&cli.global, &args).await,
         Command::Prune(args) => prune(&cli.global, args).await,
         Command::Migrate => {
             Store::connect(&cli.global.database_url)
@@ -337,18 +337,23 @@ async fn status(global: &Global, args: StatusArgs) -> Result<u8, Error> {
     Ok(0)
 }
 
-fn validate(global: &Global, args: &ValidateArgs) -> Result<u8, Error> {
+async fn validate(global: &Global, args: &ValidateArgs) -> Result<u8, Error> {
     let mut code = 0;
     for name in &args.names {
         match load_pipeline(global, name) {
-            Ok(p) => say!(
-                "ok: {} (pipeline {}, {} source(s), {} field(s), table {})",
-                p.file_name(),
-                p.spec.name,
-                p.spec.sources.len(),
-                p.spec.fields.len(),
-                p.spec.load.table
-            ),
+            Ok(p) => {
+                say!(
+                    "ok: {} (pipeline {}, {} source(s), {} field(s), table {})",
+                    p.file_name(),
+                    p.spec.name,
+                    p.spec.sources.len(),
+                    p.spec.fields.len(),
+                    p.spec.load.table
+                );
+                if args.check_source {
+                    code = code.max(check_sources(&p, args.period.as_deref()).await);
+                }
+            }
             Err(e) => {
                 tell!("error: {e}");
                 code = crate::EXIT_CONFIG;
@@ -356,6 +361,68 @@ fn validate(global: &Global, args: &ValidateArgs) -> Result<u8, Error> {
         }
     }
     Ok(code)
+}
+
+/// `validate --check-source`: the first page of each source, and how its
+/// first record maps to the fields. Nothing is written.
+async fn check_sources(pipeline: &Pipeline, period: Option<&str>) -> u8 {
+    let period = match period {
+        Some(text) => match pipeline.period(text) {
+            Ok(p) => p,
+            Err(e) => {
+                tell!("error: {e}");
+                return crate::EXIT_CONFIG;
+            }
+        },
+        None => Period::containing_instant(
+            pipeline.spec.period.granularity,
+            pipeline.spec.period.timezone,
+            chrono::Utc::now(),
+        ),
+    };
+    let mut code = 0;
+    for source in &pipeline.spec.sources {
+        let checked = async {
+            let page =
+                tidemark_extract::SourceReader::first_page(pipeline, source, &period).await?;
+            let transformer = tidemark_transform::Transformer::new(pipeline, source.id(), &period)?;
+            Ok::<_, Error>((page, transformer))
+        }
+        .await;
+        match checked {
+            Ok((page, transformer)) => {
+                say!(
+                    "  source {}: {} record(s) on the first page of {} ({})",
+                    source.id(),
+                    page.records,
+                    period.label(),
+                    page.resource
+                );
+                if let Some(record) = &page.first {
+                    match transformer.transform(record) {
+                        Ok(row) => {
+                            for (name, value) in transformer.names().iter().zip(&row.values) {
+                                say!(
+                                    "    {name} = {}",
+                                    value.canonical_text().unwrap_or_else(|| "NULL".into())
+                                );
+                            }
+                        }
+                        Err(e) => say!("    the first record does not map: {e}"),
+                    }
+                }
+            }
+            Err(e) => {
+                tell!("error: source {}: {e}", source.id());
+                code = code.max(if e.class() == tidemark_core::ErrorClass::Config {
+                    crate::EXIT_CONFIG
+                } else {
+                    1
+                });
+            }
+        }
+    }
+    code
 }
 
 async fn prune(global: &Global, args: PruneArgs) -> Result<u8, Error> {

@@ -7,13 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tidemark_core::spec::DuplicateKeyPolicy;
-use tidemark_core::{Error, Hash128, Pipeline, RawRecord, RetryPolicy, Row, RunKey};
-use tidemark_extract::{Checkpoint, SourceReader};
+use tidemark_core::{Error, Hash128, Origin, Pipeline, RetryPolicy, Row, RunKey};
+use tidemark_extract::Checkpoint;
 use tidemark_load::{
     Claim, ClaimRequest, ClaimedRun, Counts, Lease, Reconcile, Reject, RunWriter, Store,
     TableSchema, WorkerId,
 };
 use tidemark_transform::Transformer;
+
+use crate::prepare::{self, Prepared};
 use tracing::Instrument;
 
 /// How long a lease lasts without a heartbeat.
@@ -160,56 +162,52 @@ impl Job {
         counts: &mut Counts,
     ) -> Result<serde_json::Value, Error> {
         let pipeline = &*self.pipeline;
-        let source = pipeline.source(&self.source_id).ok_or_else(|| {
-            Error::config(
-                pipeline.file_name(),
-                "sources",
-                format!("no source {:?}", self.source_id),
-            )
-        })?;
         let schema = TableSchema::from_pipeline(pipeline);
         retry(&pipeline.retry, "prepare table", || {
             self.store.ensure_table(&schema)
         })
         .await?;
-        let transformer = Transformer::new(pipeline, &self.source_id, &self.key.period)?;
-        let mut reader = match SourceReader::open(
+        let transformer = Arc::new(Transformer::new(
             pipeline,
-            source,
+            &self.source_id,
             &self.key.period,
-            run.resume.as_ref(),
-        )
-        .await
-        {
-            Err(Error::Invariant(why)) if run.resume.is_some() => {
-                tracing::warn!(%why, "checkpoint no longer matches the source; starting the period over");
-                self.store.restart_fresh(&run.lease).await?;
-                run = fresh(run);
-                SourceReader::open(pipeline, source, &self.key.period, None).await?
-            }
-            other => other?,
-        };
-        let mut writer = self.store.writer(schema, &run, &self.key).await?;
+        )?);
+        let mut writer = self.store.writer(schema.clone(), &run, &self.key).await?;
         let mut committed: Option<Checkpoint> = run.resume.clone();
+        let mut batches = self.produce(committed.clone(), &transformer);
         let mut backoff = Backoff::new(&pipeline.retry);
-        loop {
-            let batch = match reader.next_batch().await {
-                Ok(Some(batch)) => batch,
-                Ok(None) => break,
+        let mut received = false;
+        while let Some(next) = batches.recv().await {
+            let batch = match next {
+                Ok(batch) => batch,
+                // The stored checkpoint no longer fits the source (files changed):
+                // start the period over; committed rows stay and are reconciled.
+                Err(Error::Invariant(why)) if !received && committed.is_some() => {
+                    tracing::warn!(%why, "checkpoint no longer matches the source; starting the period over");
+                    self.store.restart_fresh(&run.lease).await?;
+                    run = fresh(run);
+                    writer = self.store.writer(schema.clone(), &run, &self.key).await?;
+                    committed = None;
+                    batches = self.produce(None, &transformer);
+                    continue;
+                }
                 Err(e) if backoff.should_retry(&e, "read source").await => {
-                    reader =
-                        SourceReader::open(pipeline, source, &self.key.period, committed.as_ref())
-                            .await?;
+                    batches = self.produce(committed.clone(), &transformer);
                     continue;
                 }
                 Err(e) => return Err(e),
             };
+            received = true;
             backoff.reset();
-            let (rows, rejects) = self.transform_batch(&transformer, &batch.records, &writer)?;
-            let read = batch.records.len() as u64;
+            let (rows, rejects) = self.dedupe(
+                batch.rows,
+                batch.rejects,
+                &writer,
+                transformer.key_indices(),
+            )?;
             loop {
                 match writer
-                    .write_batch(&rows, &rejects, read, &batch.checkpoint)
+                    .write_batch(&rows, &rejects, batch.read, &batch.checkpoint)
                     .await
                 {
                     Ok(()) => break,
@@ -220,7 +218,7 @@ impl Job {
             backoff.reset();
             *counts = writer.counts();
             tracing::debug!(
-                rows = read,
+                rows = batch.read,
                 written = rows.len(),
                 rejects = rejects.len(),
                 "batch committed"
@@ -235,30 +233,41 @@ impl Job {
         finish(&mut writer, &reconcile, &mut backoff).await
     }
 
-    /// Types a batch, routes bad records to rejects (up to `max_rejects` for
-    /// the whole period) and applies `on_duplicate_key`.
-    fn transform_batch(
+    fn produce(
         &self,
-        transformer: &Transformer,
-        records: &[RawRecord],
+        resume: Option<Checkpoint>,
+        transformer: &Arc<Transformer>,
+    ) -> tokio::sync::mpsc::Receiver<Result<Prepared, Error>> {
+        prepare::spawn(
+            Arc::clone(&self.pipeline),
+            self.source_id.clone(),
+            self.key.period,
+            resume,
+            Arc::clone(transformer),
+        )
+    }
+
+    /// Applies `max_rejects` (for the whole period) and `on_duplicate_key`
+    /// to a typed batch.
+    fn dedupe(
+        &self,
+        typed: Vec<(Row, Origin)>,
+        rejected: Vec<(Error, Reject)>,
         writer: &RunWriter,
+        key_indices: &[usize],
     ) -> Result<(Vec<Row>, Vec<Reject>), Error> {
         let load = &self.pipeline.spec.load;
         let rejected_before = writer.counts().rows_rejected;
-        let mut rows: Vec<Row> = Vec::with_capacity(records.len());
-        let mut rejects = Vec::new();
-        let mut index: HashMap<Hash128, usize> = HashMap::with_capacity(records.len());
-        for record in records {
-            let row = match transformer.transform(record) {
-                Ok(row) => row,
-                Err(error) if rejected_before + rejects.len() as u64 >= load.max_rejects => {
-                    return Err(error)
-                }
-                Err(error) => {
-                    rejects.push(reject_of(&error, record));
-                    continue;
-                }
-            };
+        let mut rejects = Vec::with_capacity(rejected.len());
+        for (error, reject) in rejected {
+            if rejected_before + rejects.len() as u64 >= load.max_rejects {
+                return Err(error);
+            }
+            rejects.push(reject);
+        }
+        let mut rows: Vec<Row> = Vec::with_capacity(typed.len());
+        let mut index: HashMap<Hash128, usize> = HashMap::with_capacity(typed.len());
+        for (row, origin) in typed {
             let earlier = index.get(&row.key_hash).copied();
             if earlier.is_some() || writer.was_seen(row.key_hash) {
                 match load.on_duplicate_key {
@@ -266,9 +275,9 @@ impl Job {
                     DuplicateKeyPolicy::Error => {
                         return Err(Error::Invariant(format!(
                             "{}: duplicate natural key ({}) = ({}) in this period's input (load.on_duplicate_key = \"error\")",
-                            record.origin.location(),
+                            origin.location(),
                             load.key.join(", "),
-                            key_text(&row, transformer.key_indices())
+                            key_text(&row, key_indices)
                         )))
                     }
                     DuplicateKeyPolicy::Last => {
@@ -319,25 +328,6 @@ fn key_text(row: &Row, key: &[usize]) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-fn reject_of(error: &Error, record: &RawRecord) -> Reject {
-    let (field, value, reason) = match error {
-        Error::Validation {
-            field,
-            value,
-            message,
-            ..
-        } => (Some(field.clone()), Some(value.clone()), message.clone()),
-        other => (None, None, other.to_string()),
-    };
-    Reject {
-        location: record.origin.location().to_string(),
-        field,
-        value,
-        reason,
-        record: record.to_json(),
-    }
 }
 
 /// Renews the lease every third of its length until aborted.

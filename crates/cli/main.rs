@@ -23,6 +23,7 @@ mod cli;
 mod commands;
 mod engine;
 mod output;
+mod prepare;
 mod serve;
 
 use std::process::ExitCode;
@@ -54,7 +55,11 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(commands::dispatch(cli)) {
+    let outcome = runtime.block_on(commands::dispatch(cli));
+    // Every run has finished or failed; do not wait for a reader that may
+    // still be blocked on a source (a pipe, a slow file system).
+    runtime.shutdown_background();
+    match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             tell!("error: {e}");

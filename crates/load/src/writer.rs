@@ -226,7 +226,13 @@ impl RunWriter {
         }
         self.batches = batch.batch_no;
         for row in rows {
-            self.existing.insert(row.key_hash, row.row_hash);
+            // Keep stored hashes current for keys the run key already had, so
+            // a later duplicate is compared with what is now in the table.
+            // Keys new to the run key need no entry: a later duplicate goes
+            // through the database's own "only if different" upsert.
+            if let Some(hash) = self.existing.get_mut(&row.key_hash) {
+                *hash = row.row_hash;
+            }
             self.seen.insert(row.key_hash);
         }
         Ok(())

@@ -263,22 +263,29 @@ pub(super) struct Stamp<'a> {
     pub loaded_at: &'a str,
 }
 
-/// Appends one value in `COPY … (FORMAT text)` encoding.
+/// Appends one value in `COPY … (FORMAT text)` encoding: `\N` for NULL;
+/// backslash, tab, newline and carriage return escaped. Copies whole runs
+/// of ordinary text at once (this is the hottest loop of a first backfill).
 fn push_copy_value(out: &mut String, value: Option<&str>) {
-    match value {
-        None => out.push_str("\\N"),
-        Some(text) => {
-            for c in text.chars() {
-                match c {
-                    '\\' => out.push_str("\\\\"),
-                    '\t' => out.push_str("\\t"),
-                    '\n' => out.push_str("\\n"),
-                    '\r' => out.push_str("\\r"),
-                    c => out.push(c),
-                }
-            }
-        }
+    let Some(text) = value else {
+        out.push_str("\\N");
+        return;
+    };
+    let mut rest = text;
+    while let Some(at) = rest
+        .bytes()
+        .position(|b| matches!(b, b'\\' | b'\t' | b'\n' | b'\r'))
+    {
+        out.push_str(&rest[..at]);
+        out.push_str(match rest.as_bytes()[at] {
+            b'\\' => "\\\\",
+            b'\t' => "\\t",
+            b'\n' => "\\n",
+            _ => "\\r",
+        });
+        rest = &rest[at + 1..];
     }
+    out.push_str(rest);
 }
 
 /// The batch as `COPY` text: values, then lineage columns.

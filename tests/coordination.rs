@@ -1,0 +1,106 @@
+//! Database faults during a run: a transient error inside a batch
+//! transaction is retried and the run completes exactly once.
+
+use std::time::Duration;
+
+use sqlx::Connection;
+
+use crate::support::{Backend, Env};
+
+fn day_count(env: &Env, day: &str) -> i64 {
+    let entry = env.status_of("orders", day).expect("ledger entry");
+    entry["rows_inserted"].as_i64().unwrap_or(-1)
+}
+
+/// PostgreSQL: a trigger terminates the backend in the middle of the first
+/// batch's COPY (once: a sequence survives the rollback). The connection
+/// error is transient, the batch is retried on a new connection, and the
+/// period ends with exactly its rows, in one attempt.
+#[tokio::test]
+async fn terminated_backend_in_a_batch_is_retried_postgres() {
+    let env = Env::orders(Backend::Postgres).await;
+    env.tidemark(&["run", "orders", "--period", "2024-01-01"])
+        .expect_code(0, "creates the table");
+    let mut conn = sqlx::PgConnection::connect(&env.db.url())
+        .await
+        .expect("connect");
+    for sql in [
+        "CREATE SEQUENCE fault_once",
+        "CREATE FUNCTION fault() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF nextval('fault_once') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
+           RETURN NEW;
+         END $$",
+        "CREATE TRIGGER fault BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION fault()",
+    ] {
+        sqlx::query(sql).execute(&mut conn).await.expect(sql);
+    }
+    let out = env.tidemark(&["run", "orders", "--period", "2024-01-02"]);
+    out.expect_code(0, "the run survives a killed database session");
+    assert!(
+        out.stderr.contains("retrying"),
+        "the retry is logged\n{out}"
+    );
+    assert!(
+        out.stderr.contains("period=2024-01-02"),
+        "with the run key\n{out}"
+    );
+    let fired: i64 = sqlx::query_scalar("SELECT last_value FROM fault_once")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        fired >= 2,
+        "the trigger fired, then the retry went through ({fired})"
+    );
+    assert_eq!(
+        env.db
+            .count("FROM orders WHERE order_id LIKE 'O-20240102-%'")
+            .await,
+        20
+    );
+    let entry = env.status_of("orders", "2024-01-02").expect("ledger");
+    assert_eq!(entry["status"], "done");
+    assert_eq!(
+        entry["attempts"], 1,
+        "retried inside the attempt, not a new claim"
+    );
+    assert_eq!(day_count(&env, "2024-01-02"), 20);
+}
+
+/// SQLite: another process holds the write lock for two seconds in the
+/// middle of a backfill; tidemark waits (busy timeout) and completes.
+#[tokio::test]
+async fn write_lock_held_by_another_process_is_waited_out_sqlite() {
+    let env = Env::orders(Backend::Sqlite).await;
+    env.tidemark(&["run", "orders", "--period", "2024-01-01"])
+        .expect_code(0, "creates the database");
+    let mut conn = sqlx::SqliteConnection::connect(&env.db.url())
+        .await
+        .expect("connect");
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut conn)
+        .await
+        .expect("lock");
+    let running = env.spawn(&[
+        "backfill",
+        "orders",
+        "--from",
+        "2024-01-02",
+        "--to",
+        "2024-01-05",
+    ]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sqlx::query("COMMIT")
+        .execute(&mut conn)
+        .await
+        .expect("unlock");
+    let out = running.finish(Duration::from_secs(60));
+    out.expect_code(0, "backfill completes once the lock is released");
+    assert!(
+        out.elapsed >= Duration::from_millis(1500),
+        "it did wait: {:?}",
+        out.elapsed
+    );
+    assert_eq!(env.db.count("FROM orders").await, 100);
+}
