@@ -104,3 +104,68 @@ async fn write_lock_held_by_another_process_is_waited_out_sqlite() {
     );
     assert_eq!(env.db.count("FROM orders").await, 100);
 }
+
+/// `prune` removes attempt history and rejects older than the cut-off, and
+/// never the ledger rows that make re-runs idempotent.
+async fn prune_removes_only_old_history(backend: Backend) {
+    let env = Env::orders(backend).await;
+    env.set_option("orders", "load", "max_rejects", "1");
+    let csv = env.path("pipelines/data/orders/2024/01/02/orders.csv");
+    let mut lines: Vec<String> = std::fs::read_to_string(&csv)
+        .expect("csv")
+        .lines()
+        .map(String::from)
+        .collect();
+    let mut cells: Vec<String> = lines[1].split(',').map(String::from).collect();
+    cells[2] = "not-a-number".into(); // `total`, read as the decimal `amount`
+    lines[1] = cells.join(",");
+    std::fs::write(&csv, lines.join("\n") + "\n").expect("csv");
+    env.tidemark(&[
+        "backfill",
+        "orders",
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2024-01-02",
+    ])
+    .expect_code(0, "backfill");
+    assert_eq!(env.db.count("FROM _tm_rejects").await, 1);
+    assert_eq!(env.db.count("FROM _tm_attempts").await, 2);
+
+    let out = env.tidemark(&["prune", "--older-than", "1h"]);
+    out.expect_code(0, "prune");
+    assert!(
+        out.stdout
+            .contains("pruned 0 attempt record(s) and 0 rejected record(s)"),
+        "{out}"
+    );
+
+    env.db
+        .execute("UPDATE _tm_rejects SET created_at = '2000-01-01T00:00:00.000Z'")
+        .await;
+    env.db.execute("UPDATE _tm_attempts SET finished_at = '2000-01-01T00:00:00.000Z' WHERE attempt = 1 AND run_ref = (SELECT min(run_ref) FROM _tm_attempts)").await;
+    let out = env.tidemark(&["prune", "--older-than", "30d"]);
+    out.expect_code(0, "prune");
+    assert!(
+        out.stdout
+            .contains("pruned 1 attempt record(s) and 1 rejected record(s)"),
+        "{out}"
+    );
+    assert_eq!(env.db.count("FROM _tm_rejects").await, 0);
+    assert_eq!(env.db.count("FROM _tm_attempts").await, 1);
+    // The ledger itself stays: the periods are still done and not re-run.
+    let out = env.tidemark(&[
+        "backfill",
+        "orders",
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2024-01-02",
+    ]);
+    out.expect_code(0, "re-run after prune");
+    assert!(out.stdout.contains("2 already done"), "{out}");
+}
+
+crate::support::backend_tests! {
+    prune_removes_only_old_history: prune_removes_only_old_history_sqlite, prune_removes_only_old_history_postgres;
+}

@@ -206,6 +206,29 @@ impl TestDb {
     }
 
     /// `SELECT CAST(c AS TEXT), ... <rest>`: `rest` is `FROM ... WHERE ...`.
+    /// Runs one statement that returns no rows (test set-up, fault injection).
+    pub async fn execute(&self, sql: &str) {
+        match self {
+            TestDb::Sqlite { path } => {
+                let url = format!("sqlite://{}", path.display());
+                let mut conn = sqlx::SqliteConnection::connect(&url)
+                    .await
+                    .expect("connect");
+                sqlx::query(sql)
+                    .execute(&mut conn)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            }
+            TestDb::Postgres { url, .. } => {
+                let mut conn = PgConnection::connect(url).await.expect("connect");
+                sqlx::query(sql)
+                    .execute(&mut conn)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            }
+        }
+    }
+
     pub async fn select(&self, columns: &[&str], rest: &str) -> Vec<Vec<Option<String>>> {
         let list: Vec<String> = columns
             .iter()
