@@ -7,9 +7,6 @@
 //! batch is read again after a crash.
 
 #![warn(missing_docs)]
-// `tidemark_core::Error` is the one error type every stage returns; its size
-// is core's decision (boxing it there would change every stage), so the
-// lint about large `Err` variants is not actionable here.
 
 mod file;
 mod http;
