@@ -149,12 +149,20 @@ pub fn outcome_code(outcome: &Outcome) -> u8 {
     }
 }
 
-/// Runs jobs `concurrency` at a time with a progress bar; outcomes sorted
-/// by period and source.
-pub async fn run_jobs(jobs: Vec<Job>, concurrency: usize) -> Vec<(RunKey, Outcome)> {
+/// Runs jobs `concurrency` at a time (with a progress bar when `progress`
+/// and stderr is a terminal); outcomes sorted by pipeline, period and source.
+pub async fn run_jobs(
+    jobs: Vec<Job>,
+    concurrency: usize,
+    progress: bool,
+) -> Vec<(RunKey, Outcome)> {
     use futures_util::StreamExt;
 
-    let progress = output::progress_bar(jobs.len() as u64, "run keys");
+    let progress = if progress {
+        output::progress_bar(jobs.len() as u64, "run keys")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     let mut results: Vec<(RunKey, Outcome)> = futures_util::stream::iter(jobs)
         .map(|job| {
             let progress = progress.clone();
@@ -194,7 +202,7 @@ async fn backfill(global: &Global, args: BackfillArgs) -> Result<u8, Error> {
     source_ids(&pipeline, args.options.source.as_deref())?;
     let store = Store::connect(&global.database_url).await?;
     let jobs = jobs(&store, &pipeline, &periods, &args.options, false)?;
-    let results = run_jobs(jobs, usize::from(args.concurrency)).await;
+    let results = run_jobs(jobs, usize::from(args.concurrency), true).await;
     output::print_summary(&results);
     Ok(worst_exit_code(
         results.iter().map(|(_, o)| outcome_code(o)),
@@ -308,7 +316,7 @@ async fn sync(global: &Global, args: SyncArgs) -> Result<u8, Error> {
         say!("nothing due: every period up to now is done");
         return Ok(0);
     }
-    let results = run_jobs(jobs, usize::from(args.concurrency)).await;
+    let results = run_jobs(jobs, usize::from(args.concurrency), true).await;
     output::print_summary(&results);
     Ok(worst_exit_code(
         results.iter().map(|(_, o)| outcome_code(o)),

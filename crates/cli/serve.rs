@@ -99,7 +99,7 @@ async fn sync_once(store: Store, pipeline: Arc<Pipeline>, concurrency: usize) ->
     match sync_jobs(&store, &pipeline, &options, Utc::now()).await {
         Ok(jobs) if jobs.is_empty() => tracing::debug!(pipeline = %name, "nothing due"),
         Ok(jobs) => {
-            for (key, outcome) in run_jobs(jobs, concurrency).await {
+            for (key, outcome) in run_jobs(jobs, concurrency, false).await {
                 match outcome {
                     Outcome::Done(_) => tracing::info!(%key, "period done"),
                     Outcome::AlreadyDone(_) => tracing::debug!(%key, "already done"),

@@ -213,6 +213,29 @@ pub(crate) fn decide(row: Snapshot, request: &ClaimRequest) -> Decision {
     }
 }
 
+/// Reads the six count columns of a `_tm_runs` row, on either backend.
+pub(crate) fn counts_of<R>(row: &R) -> Counts
+where
+    R: sqlx::Row,
+    for<'n> &'n str: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let get = |name: &str| {
+        row.try_get::<i64, _>(name)
+            .ok()
+            .and_then(|n| u64::try_from(n).ok())
+            .unwrap_or(0)
+    };
+    Counts {
+        rows_read: get("rows_read"),
+        rows_inserted: get("rows_inserted"),
+        rows_updated: get("rows_updated"),
+        rows_unchanged: get("rows_unchanged"),
+        rows_deleted: get("rows_deleted"),
+        rows_rejected: get("rows_rejected"),
+    }
+}
+
 /// Decodes a `_tm_batches.key_hashes` blob.
 pub(crate) fn decode_hashes(blob: &[u8], into: &mut HashSet<Hash128>) {
     for chunk in blob.chunks_exact(16) {

@@ -23,8 +23,8 @@ use tidemark_core::{Error, Hash128, RunKey};
 
 use crate::db_error::DbResultExt;
 use crate::ledger::{
-    decide, decode_hashes, encode_hashes, Claim, ClaimRequest, ClaimedRun, Counts, Decision, Lease,
-    LedgerEntry, Snapshot,
+    counts_of, decide, decode_hashes, encode_hashes, Claim, ClaimRequest, ClaimedRun, Counts,
+    Decision, Lease, LedgerEntry, Snapshot,
 };
 use crate::schema::TableSchema;
 use crate::sqlite::to_i64;
@@ -509,18 +509,6 @@ async fn load_seen(
 
 fn time_text(at: Option<DateTime<Utc>>) -> Option<String> {
     at.map(timestamp_text)
-}
-
-fn counts_of(row: &PgRow) -> Counts {
-    let get = |name: &str| u64::try_from(row.get::<i64, _>(name)).unwrap_or(0);
-    Counts {
-        rows_read: get("rows_read"),
-        rows_inserted: get("rows_inserted"),
-        rows_updated: get("rows_updated"),
-        rows_unchanged: get("rows_unchanged"),
-        rows_deleted: get("rows_deleted"),
-        rows_rejected: get("rows_rejected"),
-    }
 }
 
 fn entry_of(row: &PgRow) -> LedgerEntry {

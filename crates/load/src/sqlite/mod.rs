@@ -22,8 +22,8 @@ use tidemark_core::{Error, Hash128, RunKey};
 
 use crate::db_error::DbResultExt;
 use crate::ledger::{
-    decide, decode_hashes, encode_hashes, Claim, ClaimRequest, ClaimedRun, Counts, Decision, Lease,
-    LedgerEntry, Snapshot,
+    counts_of, decide, decode_hashes, encode_hashes, Claim, ClaimRequest, ClaimedRun, Counts,
+    Decision, Lease, LedgerEntry, Snapshot,
 };
 use crate::schema::TableSchema;
 use crate::writer::{refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile};
@@ -554,18 +554,6 @@ async fn load_seen(
 fn json_column(row: &SqliteRow, name: &str) -> Option<serde_json::Value> {
     row.get::<Option<String>, _>(name)
         .and_then(|text| serde_json::from_str(&text).ok())
-}
-
-fn counts_of(row: &SqliteRow) -> Counts {
-    let get = |name: &str| u64::try_from(row.get::<i64, _>(name)).unwrap_or(0);
-    Counts {
-        rows_read: get("rows_read"),
-        rows_inserted: get("rows_inserted"),
-        rows_updated: get("rows_updated"),
-        rows_unchanged: get("rows_unchanged"),
-        rows_deleted: get("rows_deleted"),
-        rows_rejected: get("rows_rejected"),
-    }
 }
 
 fn entry_of(row: &SqliteRow) -> LedgerEntry {
