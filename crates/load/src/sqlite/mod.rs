@@ -377,7 +377,8 @@ impl SqliteStore {
             run_id: &lease.run_id,
             loaded_at: &loaded_at,
         };
-        let written = table::write_rows(&mut tx, schema, &stamp, &batch.rows).await?;
+        let outcome =
+            table::write_rows(&mut tx, schema, &stamp, &batch.rows, batch.try_direct_copy).await?;
         for reject in batch.rejects {
             table::insert_reject(&mut tx, lineage, &lease.run_id, reject, &loaded_at).await?;
         }
@@ -392,7 +393,7 @@ impl SqliteStore {
         .await
         .db()?;
         let mut counts = batch.counts;
-        written.apply(&mut counts);
+        outcome.written.apply(&mut counts);
         save_progress(
             &mut tx,
             lease,
@@ -402,10 +403,7 @@ impl SqliteStore {
         )
         .await?;
         tx.commit().await.db()?;
-        Ok(BatchOutcome {
-            written,
-            direct_copy_conflict: false,
-        })
+        Ok(outcome)
     }
 
     pub(crate) async fn finish(

@@ -16,7 +16,7 @@ use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
 use crate::db_error::DbResultExt;
 use crate::schema::{quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
-use crate::writer::{Lineage, Reject, Write, WriteCounts, Written};
+use crate::writer::{BatchOutcome, Lineage, Reject, Write, Written};
 
 /// The declared SQLite type of a field type.
 fn sql_type(ty: FieldType) -> &'static str {
@@ -308,33 +308,56 @@ pub(super) async fn write_rows(
     schema: &TableSchema,
     stamp: &Stamp<'_>,
     rows: &[(&Row, Write)],
-) -> Result<WriteCounts, Error> {
-    let mut written = WriteCounts::default();
+    try_direct: bool,
+) -> Result<BatchOutcome, Error> {
+    let mut outcome = BatchOutcome::default();
     let mut fresh = Vec::new();
     for (row, write) in rows {
         match write {
             Write::Update if update(tx, schema, stamp, row, false).await? => {
-                written.add(Written::Updated)
+                outcome.written.add(Written::Updated)
             }
             _ => fresh.push(*row),
         }
     }
     let per_row = schema.columns.len() + LINEAGE_COLUMNS.len();
     let chunk_size = (MAX_VARIABLES / per_row).clamp(1, 500);
+    let mut direct = try_direct;
     for chunk in fresh.chunks(chunk_size) {
+        // Keys new to the run key are usually new to the table (a first
+        // backfill): insert them without probing, inside a savepoint; a
+        // unique violation undoes the chunk and switches to probing.
+        if direct {
+            let mut savepoint = sqlx::Connection::begin(&mut **tx).await.db()?;
+            match insert_many(&mut savepoint, schema, stamp, chunk).await {
+                Ok(n) => {
+                    savepoint.commit().await.db()?;
+                    outcome.written.inserted += n;
+                    continue;
+                }
+                Err(Error::Database { .. }) => {
+                    savepoint.rollback().await.db()?;
+                    direct = false;
+                    outcome.direct_copy_conflict = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let taken = existing_keys(tx, schema, chunk).await?;
         let (elsewhere, new): (Vec<&Row>, Vec<&Row>) =
             chunk.iter().partition(|r| taken.contains(&r.key_hash));
-        written.inserted += insert_many(tx, schema, stamp, &new).await?;
+        outcome.written.inserted += insert_many(tx, schema, stamp, &new).await?;
         for row in elsewhere {
-            written.add(if update(tx, schema, stamp, row, true).await? {
-                Written::Updated
-            } else {
-                Written::Unchanged
-            });
+            outcome
+                .written
+                .add(if update(tx, schema, stamp, row, true).await? {
+                    Written::Updated
+                } else {
+                    Written::Unchanged
+                });
         }
     }
-    Ok(written)
+    Ok(outcome)
 }
 
 /// SQLite's default limit on bound parameters per statement (since 3.32).
