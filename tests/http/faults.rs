@@ -182,6 +182,15 @@ fn a_killed_run_resumes_at_the_page_in_progress() {
         assert!(child.try_wait().unwrap().is_none(), "tidemark exited early");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Reading runs one batch ahead of loading: page 3 can be requested
+    // while the batch of page 2 is still committing. Kill once it is in.
+    while case.status_of(day)["rows_read"] != 20 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "pages 1-2 were never committed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let status = case.status_of(day);

@@ -70,6 +70,15 @@ pagination = {{ style = "link_header" }}"#,
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Reading runs one batch ahead of loading: wait until the batches of
+    // pages 1-2 are committed before killing.
+    while case.status_of(killed_day)["rows_read"] != 20 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "pages 1-2 were never committed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     child.kill().unwrap();
     outputs.push(Out::from(child.wait_with_output().unwrap()));
     api.faults(|_| None);

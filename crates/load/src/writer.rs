@@ -8,7 +8,7 @@
 //! attempt still knows every key the run has seen and reconciliation can
 //! tell vanished rows from rows read before a crash.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, Hash128, Row, RunKey};
@@ -121,7 +121,7 @@ pub struct RunWriter {
     schema: TableSchema,
     lease: Lease,
     lineage: Lineage,
-    existing: HashMap<Hash128, Hash128>,
+    existing: StoredHashes,
     seen: HashSet<Hash128>,
     counts: Counts,
     batches: i64,
@@ -142,10 +142,10 @@ impl RunWriter {
             period_start: key.period.start_rfc3339(),
             period_end: key.period.end_rfc3339(),
         };
-        let existing = match &store.backend {
+        let existing = StoredHashes::new(match &store.backend {
             Backend::Sqlite(s) => s.existing_hashes(&schema, &lineage).await?,
             Backend::Postgres(s) => s.existing_hashes(&schema, &lineage).await?,
-        };
+        });
         tracing::debug!(
             existing = existing.len(),
             seen = run.seen.len(),
@@ -187,8 +187,8 @@ impl RunWriter {
         let mut unchanged = 0u64;
         let mut writes = Vec::with_capacity(rows.len());
         for row in rows {
-            match self.existing.get(&row.key_hash) {
-                Some(hash) if *hash == row.row_hash => unchanged += 1,
+            match self.existing.get(row.key_hash) {
+                Some(hash) if hash == row.row_hash => unchanged += 1,
                 Some(_) => writes.push((row, Write::Update)),
                 None => writes.push((row, Write::Upsert)),
             }
@@ -230,7 +230,7 @@ impl RunWriter {
             // a later duplicate is compared with what is now in the table.
             // Keys new to the run key need no entry: a later duplicate goes
             // through the database's own "only if different" upsert.
-            if let Some(hash) = self.existing.get_mut(&row.key_hash) {
+            if let Some(hash) = self.existing.get_mut(row.key_hash) {
                 *hash = row.row_hash;
             }
             self.seen.insert(row.key_hash);
@@ -283,6 +283,43 @@ impl RunWriter {
             self.counts.rows_deleted = deleted;
         }
         Ok(result)
+    }
+}
+
+/// `(key hash, row hash)` of the run key's live rows when the attempt
+/// started, sorted by key: 32 bytes a row and no hash-table slack, so a
+/// million-row period costs 32 MB here rather than ~100 MB.
+#[derive(Debug, Default)]
+pub(crate) struct StoredHashes(Vec<(Hash128, Hash128)>);
+
+impl StoredHashes {
+    pub(crate) fn new(mut pairs: Vec<(Hash128, Hash128)>) -> Self {
+        pairs.sort_unstable_by_key(|(key, _)| *key);
+        pairs.dedup_by_key(|(key, _)| *key);
+        pairs.shrink_to_fit();
+        StoredHashes(pairs)
+    }
+
+    fn position(&self, key: Hash128) -> Option<usize> {
+        self.0.binary_search_by_key(&key, |(k, _)| *k).ok()
+    }
+
+    /// The stored row hash of a key.
+    pub(crate) fn get(&self, key: Hash128) -> Option<Hash128> {
+        self.position(key).map(|i| self.0[i].1)
+    }
+
+    /// The stored row hash of a key, to update after a write.
+    pub(crate) fn get_mut(&mut self, key: Hash128) -> Option<&mut Hash128> {
+        self.position(key).map(|i| &mut self.0[i].1)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &Hash128> {
+        self.0.iter().map(|(k, _)| k)
     }
 }
 
@@ -350,6 +387,21 @@ mod tests {
             max_delete_fraction: fraction,
             force_deletes: force,
         }
+    }
+
+    #[test]
+    fn stored_hashes_find_and_update_by_key() {
+        let mut stored = StoredHashes::new(vec![
+            (Hash128(3), Hash128(30)),
+            (Hash128(1), Hash128(10)),
+            (Hash128(2), Hash128(20)),
+        ]);
+        assert_eq!(stored.len(), 3);
+        assert_eq!(stored.get(Hash128(2)), Some(Hash128(20)));
+        assert_eq!(stored.get(Hash128(4)), None);
+        *stored.get_mut(Hash128(1)).unwrap() = Hash128(11);
+        assert_eq!(stored.get(Hash128(1)), Some(Hash128(11)));
+        assert_eq!(stored.keys().count(), 3);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 mod table;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -309,19 +309,19 @@ impl PgStore {
         &self,
         schema: &TableSchema,
         lineage: &Lineage,
-    ) -> Result<HashMap<Hash128, Hash128>, Error> {
+    ) -> Result<Vec<(Hash128, Hash128)>, Error> {
         let sql = table::select_keys_of_run_key(schema, "_tm_row_hash");
         let mut rows = sqlx::query(&sql)
             .bind(&lineage.source)
             .bind(&lineage.export_type)
             .bind(&lineage.period_start)
             .fetch(&self.pool);
-        let mut map = HashMap::new();
+        let mut map = Vec::new();
         while let Some(row) = rows.try_next().await.db()? {
             let (key, _) = table::key_of(schema, &row)?;
             let hash: String = row.try_get("_tm_row_hash").db()?;
             if let Some(hash) = Hash128::from_hex(&hash) {
-                map.insert(key, hash);
+                map.push((key, hash));
             }
         }
         Ok(map)

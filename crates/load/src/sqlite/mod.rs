@@ -7,7 +7,7 @@
 
 mod table;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -339,7 +339,7 @@ impl SqliteStore {
         &self,
         schema: &TableSchema,
         lineage: &Lineage,
-    ) -> Result<HashMap<Hash128, Hash128>, Error> {
+    ) -> Result<Vec<(Hash128, Hash128)>, Error> {
         let sql = format!(
             "SELECT {}, _tm_row_hash FROM {} WHERE {}",
             table::key_list(schema),
@@ -351,12 +351,12 @@ impl SqliteStore {
             .bind(&lineage.export_type)
             .bind(&lineage.period_start)
             .fetch(&self.pool);
-        let mut map = HashMap::new();
+        let mut map = Vec::new();
         while let Some(row) = rows.try_next().await.db()? {
             let key = table::key_hash_of(schema, &row)?;
             let hash: String = row.try_get("_tm_row_hash").db()?;
             if let Some(hash) = Hash128::from_hex(&hash) {
-                map.insert(key, hash);
+                map.push((key, hash));
             }
         }
         Ok(map)
