@@ -294,7 +294,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--periods", type=int, default=20)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per backend (0: only --one-period)")
     ap.add_argument("--batch-size", type=int, default=10_000)
     ap.add_argument("--backend", choices=["postgres", "sqlite", "both"], default="both")
     ap.add_argument("--one-period", action="store_true", help="also load all rows as one period (RSS check)")
@@ -306,7 +306,7 @@ def main():
     if not os.path.exists(BIN):
         sys.exit("build first: cargo build --release")
     backends = ["postgres", "sqlite"] if args.backend == "both" else [args.backend]
-    for backend in backends:
+    for backend in backends if args.repeat > 0 else []:  # --repeat 0: only --one-period
         runs = [scenario(args.dir, args.rows, args.periods, "day", args.batch_size, backend)
                 for _ in range(args.repeat)]
         report(backend, runs, args.rows, "COPY baseline (psql \\copy)" if backend == "postgres"
