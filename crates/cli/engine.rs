@@ -2,12 +2,11 @@
 //! and record the outcome. This is the glue between the stages; each stage
 //! owns its own rules.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tidemark_core::spec::DuplicateKeyPolicy;
-use tidemark_core::{Error, Hash128, Origin, Pipeline, RetryPolicy, Row, RunKey};
+use tidemark_core::{Error, KeyMap, Origin, Pipeline, RetryPolicy, Row, RunKey};
 use tidemark_extract::Checkpoint;
 use tidemark_load::{
     Claim, ClaimRequest, ClaimedRun, Counts, Lease, Reconcile, Reject, RunWriter, Store,
@@ -266,7 +265,8 @@ impl Job {
             rejects.push(reject);
         }
         let mut rows: Vec<Row> = Vec::with_capacity(typed.len());
-        let mut index: HashMap<Hash128, usize> = HashMap::with_capacity(typed.len());
+        let mut index: KeyMap<usize> =
+            KeyMap::with_capacity_and_hasher(typed.len(), Default::default());
         for (row, origin) in typed {
             let earlier = index.get(&row.key_hash).copied();
             if earlier.is_some() || writer.was_seen(row.key_hash) {

@@ -18,4 +18,4 @@ pub use period::{Granularity, Period};
 pub use record::{Origin, RawData, RawRecord, RawValue, Selector};
 pub use run_key::RunKey;
 pub use spec::{Pipeline, PipelineSpec, RetryPolicy};
-pub use value::{FieldType, Hash128, Row, Value};
+pub use value::{FieldType, Hash128, KeyMap, KeySet, Row, Value};

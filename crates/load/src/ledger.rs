@@ -12,11 +12,11 @@
 //!
 //! `pending` exists for rows created but not yet claimed.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use serde::Serialize;
 use tidemark_core::Hash128;
+use tidemark_core::KeySet;
 
 /// Who runs an attempt. A holder on the same host whose process is gone is
 /// provably dead, so its lease can be taken over without waiting.
@@ -92,7 +92,7 @@ pub struct ClaimedRun {
     /// Batches already committed by this run.
     pub batches: i64,
     /// Natural keys seen by the committed batches of this run.
-    pub seen: HashSet<Hash128>,
+    pub seen: KeySet,
 }
 
 /// The outcome of a claim.
@@ -237,7 +237,7 @@ where
 }
 
 /// Decodes a `_tm_batches.key_hashes` blob.
-pub(crate) fn decode_hashes(blob: &[u8], into: &mut HashSet<Hash128>) {
+pub(crate) fn decode_hashes(blob: &[u8], into: &mut KeySet) {
     for chunk in blob.chunks_exact(16) {
         let mut bytes = [0u8; 16];
         bytes.copy_from_slice(chunk);
@@ -273,7 +273,7 @@ mod tests {
     fn hashes_round_trip_through_blobs() {
         let hashes = [Hash128(1), Hash128(u128::MAX), Hash128(0xabc)];
         let blob = encode_hashes(hashes.iter());
-        let mut set = HashSet::new();
+        let mut set = KeySet::default();
         decode_hashes(&blob, &mut set);
         assert_eq!(set, hashes.into_iter().collect());
     }

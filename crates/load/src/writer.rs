@@ -8,9 +8,8 @@
 //! attempt still knows every key the run has seen and reconciliation can
 //! tell vanished rows from rows read before a crash.
 
-use std::collections::HashSet;
-
 use tidemark_core::spec::OnMissing;
+use tidemark_core::KeySet;
 use tidemark_core::{Error, Hash128, Row, RunKey};
 
 use crate::ledger::{ClaimedRun, Counts, Lease};
@@ -122,7 +121,7 @@ pub struct RunWriter {
     lease: Lease,
     lineage: Lineage,
     existing: StoredHashes,
-    seen: HashSet<Hash128>,
+    seen: KeySet,
     counts: Counts,
     batches: i64,
     direct_copy: bool,

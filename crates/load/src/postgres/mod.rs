@@ -11,7 +11,6 @@
 
 mod table;
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -19,6 +18,7 @@ use futures_util::TryStreamExt;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row as _, Transaction};
 use tidemark_core::spec::OnMissing;
+use tidemark_core::KeySet;
 use tidemark_core::{Error, Hash128, RunKey};
 
 use crate::db_error::DbResultExt;
@@ -149,7 +149,7 @@ impl PgStore {
                     uuid::Uuid::new_v4().simple().to_string(),
                     Counts::default(),
                     0,
-                    HashSet::new(),
+                    KeySet::default(),
                     None,
                 )
             }
@@ -373,7 +373,7 @@ impl PgStore {
         lease: &Lease,
         schema: &TableSchema,
         lineage: &Lineage,
-        seen: &HashSet<Hash128>,
+        seen: &KeySet,
         reconcile: &Reconcile,
         mut counts: Counts,
     ) -> Result<serde_json::Value, Error> {
@@ -493,8 +493,8 @@ async fn load_seen(
     tx: &mut Transaction<'_, Postgres>,
     run_ref: i64,
     run_id: &str,
-) -> Result<HashSet<Hash128>, Error> {
-    let mut seen = HashSet::new();
+) -> Result<KeySet, Error> {
+    let mut seen = KeySet::default();
     let mut rows =
         sqlx::query("SELECT key_hashes FROM _tm_batches WHERE run_ref = $1 AND run_id = $2")
             .bind(run_ref)

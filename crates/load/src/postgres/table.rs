@@ -17,6 +17,7 @@ use futures_util::TryStreamExt;
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{Postgres, Row as _, Transaction};
 use tidemark_core::spec::OnMissing;
+use tidemark_core::KeySet;
 use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
 use crate::db_error::DbResultExt;
@@ -460,7 +461,7 @@ pub(super) async fn vanished_keys(
     tx: &mut Transaction<'_, Postgres>,
     schema: &TableSchema,
     lineage: &Lineage,
-    seen: &HashSet<Hash128>,
+    seen: &KeySet,
 ) -> Result<(u64, Vec<Vec<Value>>), Error> {
     let sql = select_keys_of_run_key(schema, "1 AS _tm_one");
     let mut rows = sqlx::query(&sql)

@@ -7,7 +7,6 @@
 
 mod table;
 
-use std::collections::HashSet;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -18,6 +17,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row as _, Sqlite, Transaction};
 use tidemark_core::spec::OnMissing;
+use tidemark_core::KeySet;
 use tidemark_core::{Error, Hash128, RunKey};
 
 use crate::db_error::DbResultExt;
@@ -172,7 +172,7 @@ impl SqliteStore {
                     .execute(&mut *tx)
                     .await
                     .db()?;
-                (new_run_id(), Counts::default(), 0, HashSet::new(), None)
+                (new_run_id(), Counts::default(), 0, KeySet::default(), None)
             }
         };
         let fresh = resume_cp.is_none();
@@ -411,7 +411,7 @@ impl SqliteStore {
         lease: &Lease,
         schema: &TableSchema,
         lineage: &Lineage,
-        seen: &HashSet<Hash128>,
+        seen: &KeySet,
         reconcile: &Reconcile,
         mut counts: Counts,
     ) -> Result<serde_json::Value, Error> {
@@ -535,8 +535,8 @@ async fn load_seen(
     tx: &mut Transaction<'_, Sqlite>,
     run_ref: i64,
     run_id: &str,
-) -> Result<HashSet<Hash128>, Error> {
-    let mut seen = HashSet::new();
+) -> Result<KeySet, Error> {
+    let mut seen = KeySet::default();
     let mut rows =
         sqlx::query("SELECT key_hashes FROM _tm_batches WHERE run_ref = ? AND run_id = ?")
             .bind(run_ref)

@@ -12,6 +12,7 @@ use futures_util::TryStreamExt;
 use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{Row as _, Sqlite, Transaction};
 use tidemark_core::spec::OnMissing;
+use tidemark_core::KeySet;
 use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
 use crate::db_error::DbResultExt;
@@ -368,7 +369,7 @@ async fn existing_keys(
     tx: &mut Transaction<'_, Sqlite>,
     schema: &TableSchema,
     rows: &[&Row],
-) -> Result<HashSet<Hash128>, Error> {
+) -> Result<KeySet, Error> {
     let list = if schema.key.len() == 1 {
         format!(
             "{} IN ({})",
@@ -483,7 +484,7 @@ pub(super) async fn vanished_rows(
     tx: &mut Transaction<'_, Sqlite>,
     schema: &TableSchema,
     lineage: &Lineage,
-    seen: &HashSet<Hash128>,
+    seen: &KeySet,
 ) -> Result<(u64, Vec<i64>), Error> {
     let sql = format!(
         "SELECT {}, rowid AS _tm_rowid FROM {} WHERE {}",
