@@ -63,6 +63,36 @@ impl TableSchema {
     }
 }
 
+/// What an existing table lacks or contradicts: every `[fields]` column with
+/// its type, and every lineage column. `actual` is `(name, declared type)`
+/// as the database reports it; `expected` gives that report for a field
+/// type and `shown` the type's name in messages. Shared by both backends so
+/// they word contract errors alike.
+pub(crate) fn column_problems(
+    schema: &TableSchema,
+    actual: &[(String, String)],
+    expected: impl Fn(FieldType) -> &'static str,
+    shown: impl Fn(FieldType) -> &'static str,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (name, ty) in &schema.columns {
+        match actual.iter().find(|(n, _)| n == name) {
+            None => problems.push(format!("column `{name}` is missing (field of type {ty})")),
+            Some((_, declared)) if declared != expected(*ty) => problems.push(format!(
+                "column `{name}` is {declared}, but field `{name}` has type {ty} (expected {})",
+                shown(*ty)
+            )),
+            Some(_) => {}
+        }
+    }
+    for lineage in LINEAGE_COLUMNS {
+        if !actual.iter().any(|(n, _)| n == lineage) {
+            problems.push(format!("lineage column `{lineage}` is missing"));
+        }
+    }
+    problems
+}
+
 /// Double-quotes an identifier. Names were validated as `[A-Za-z_][A-Za-z0-9_]*`,
 /// so quoting only guards against reserved words.
 pub(crate) fn quote(name: &str) -> String {

@@ -21,7 +21,7 @@ use tidemark_core::KeySet;
 use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
 use crate::db_error::DbResultExt;
-use crate::schema::{quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
+use crate::schema::{column_problems, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Reject, WriteCounts};
 
 /// The PostgreSQL type of a field type.
@@ -128,24 +128,7 @@ async fn check_table(
     .fetch_all(&mut **tx)
     .await
     .db()?;
-    let mut problems = Vec::new();
-    for (name, ty) in &schema.columns {
-        match actual.iter().find(|(n, _)| n == name) {
-            None => problems.push(format!("column `{name}` is missing (field of type {ty})")),
-            Some((_, declared)) if declared != information_schema_type(*ty) => {
-                problems.push(format!(
-                    "column `{name}` is {declared}, but field `{name}` has type {ty} (expected {})",
-                    pg_type(*ty)
-                ))
-            }
-            Some(_) => {}
-        }
-    }
-    for lineage in LINEAGE_COLUMNS {
-        if !actual.iter().any(|(n, _)| n == lineage) {
-            problems.push(format!("lineage column `{lineage}` is missing"));
-        }
-    }
+    let problems = column_problems(schema, &actual, information_schema_type, pg_type);
     let contract = |message: String| Error::Contract {
         table: schema.table.clone(),
         message,

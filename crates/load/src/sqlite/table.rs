@@ -16,7 +16,7 @@ use tidemark_core::KeySet;
 use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
 use crate::db_error::DbResultExt;
-use crate::schema::{quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
+use crate::schema::{column_problems, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
 use crate::writer::{BatchOutcome, Lineage, Reject, Write, Written};
 
 /// The declared SQLite type of a field type.
@@ -100,22 +100,7 @@ async fn check_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Erro
         table: schema.table.clone(),
         message,
     };
-    let mut problems = Vec::new();
-    for (name, ty) in &schema.columns {
-        match actual.iter().find(|(n, _)| n == name) {
-            None => problems.push(format!("column `{name}` is missing (field of type {ty})")),
-            Some((_, declared)) if declared != sql_type(*ty) => problems.push(format!(
-                "column `{name}` is {declared}, but field `{name}` has type {ty} (expected {})",
-                sql_type(*ty)
-            )),
-            Some(_) => {}
-        }
-    }
-    for lineage in LINEAGE_COLUMNS {
-        if !actual.iter().any(|(n, _)| n == lineage) {
-            problems.push(format!("lineage column `{lineage}` is missing"));
-        }
-    }
+    let problems = column_problems(schema, &actual, sql_type, sql_type);
     if !problems.is_empty() {
         return Err(contract(problems.join("; ")));
     }
