@@ -61,6 +61,25 @@ impl<T> DbResultExt<T> for Result<T, sqlx::Error> {
     }
 }
 
+/// Classifies an error of the raw SQLite connection the bulk paths use:
+/// busy and locked databases are transient, everything else permanent.
+pub(crate) fn raw_sqlite_error(err: rusqlite::Error) -> Error {
+    let transient = matches!(
+        err.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    );
+    Error::Database {
+        message: err.to_string(),
+        transient,
+    }
+}
+
+impl<T> DbResultExt<T> for Result<T, rusqlite::Error> {
+    fn db(self) -> Result<T, Error> {
+        self.map_err(raw_sqlite_error)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,13 +51,6 @@ pub(crate) enum Write {
     Upsert,
 }
 
-/// What an update of one row did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Written {
-    Updated,
-    Unchanged,
-}
-
 /// What a batch's writes did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct WriteCounts {
@@ -67,13 +60,6 @@ pub(crate) struct WriteCounts {
 }
 
 impl WriteCounts {
-    pub fn add(&mut self, written: Written) {
-        match written {
-            Written::Updated => self.updated += 1,
-            Written::Unchanged => self.unchanged += 1,
-        }
-    }
-
     /// Adds these to run counts.
     pub fn apply(&self, counts: &mut Counts) {
         counts.rows_inserted += self.inserted;

@@ -270,6 +270,72 @@ async fn key_from_another_run_key_is_taken_over(postgres: bool) {
     db.drop_db().await;
 }
 
+/// A row soft-deleted by one run and back in the source of the next is
+/// revived in place: updated, `_tm_deleted_at` cleared, never inserted twice.
+async fn soft_deleted_row_that_returns_is_revived(postgres: bool) {
+    let db = TestDb::new(postgres).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    let p = Pipeline::parse(
+        &format!("{PIPELINE}on_missing = \"soft_delete\"\n"),
+        Path::new("p.toml"),
+    )
+    .unwrap();
+    let schema = TableSchema::from_pipeline(&p);
+    store.ensure_table(&schema).await.unwrap();
+    let key = key(&p, "2024-01-01");
+    let soft_delete = tidemark_load::Reconcile {
+        on_missing: tidemark_core::spec::OnMissing::SoftDelete,
+        ..reconcile()
+    };
+    let all = vec![row(1, "one"), row(2, "two"), row(3, "three")];
+    let mut results = Vec::new();
+    for (force, rows) in [(false, &all[..]), (true, &all[..2]), (true, &all[..])] {
+        let request = ClaimRequest {
+            force,
+            ..request("a")
+        };
+        let run = claimed(store.claim(&key, &request).await.unwrap());
+        let mut writer = store.writer(schema.clone(), &run, &key).await.unwrap();
+        let read = rows.len() as u64;
+        writer
+            .write_batch(rows, &[], read, &serde_json::json!({}))
+            .await
+            .unwrap();
+        let result = writer.finish(&soft_delete).await.unwrap();
+        let counts: Vec<Option<u64>> = [
+            "rows_inserted",
+            "rows_updated",
+            "rows_unchanged",
+            "rows_deleted",
+        ]
+        .iter()
+        .map(|c| result[c].as_u64())
+        .collect();
+        results.push(counts);
+        let live = scalar(
+            &db.url,
+            "SELECT count(*) FROM items WHERE _tm_deleted_at IS NULL",
+        )
+        .await;
+        assert_eq!(
+            live,
+            i64::try_from(rows.len()).unwrap(),
+            "live rows after {result}"
+        );
+    }
+    assert_eq!(
+        results,
+        [
+            [Some(3), Some(0), Some(0), Some(0)],
+            [Some(0), Some(0), Some(2), Some(1)],
+            [Some(0), Some(1), Some(2), Some(0)],
+        ],
+        "inserted, updated, unchanged, deleted per run"
+    );
+    assert_eq!(count_rows(&db.url).await, 3, "key 3 exists once");
+    db.drop_db().await;
+}
+
 fn reconcile() -> tidemark_load::Reconcile {
     tidemark_load::Reconcile {
         on_missing: tidemark_core::spec::OnMissing::Keep,
@@ -298,18 +364,16 @@ async fn execute(url: &str, sql: &str) {
 }
 
 async fn count_rows(url: &str) -> i64 {
+    scalar(url, "SELECT count(*) FROM items").await
+}
+
+async fn scalar(url: &str, sql: &str) -> i64 {
     if url.starts_with("sqlite") {
         let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
-        sqlx::query_scalar("SELECT count(*) FROM items")
-            .fetch_one(&mut c)
-            .await
-            .unwrap()
+        sqlx::query_scalar(sql).fetch_one(&mut c).await.unwrap()
     } else {
         let mut c = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query_scalar("SELECT count(*) FROM items")
-            .fetch_one(&mut c)
-            .await
-            .unwrap()
+        sqlx::query_scalar(sql).fetch_one(&mut c).await.unwrap()
     }
 }
 
@@ -325,4 +389,5 @@ both_backends!(
     superseded_attempt_cannot_commit,
     changed_key_type_is_a_contract_error,
     key_from_another_run_key_is_taken_over,
+    soft_deleted_row_that_returns_is_revived,
 );

@@ -5,6 +5,7 @@
 //! the write lock first and waits on the busy timeout instead of failing
 //! with a stale read snapshot.
 
+mod raw;
 mod table;
 
 use std::str::FromStr;
@@ -36,14 +37,27 @@ pub(crate) struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// Opens the database, creating it when missing, and migrates the
+    /// ledger.
+    ///
+    /// Each connection gets a 16 MiB page cache, new files 8 KiB pages, and
+    /// the WAL is checkpointed every 10,000 pages instead of 1,000: together
+    /// about 10% off a first backfill (ADR 0002). Concurrent writers wait on
+    /// the busy handler; funnelling them through one connection was measured
+    /// slower, because strictly alternating periods defeat the page cache's
+    /// locality, while the busy handler lets one period commit several
+    /// batches in a row.
     pub(crate) async fn connect(url: &str) -> Result<Self, Error> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| Error::config("command line", "--database-url", e.to_string()))?
             .create_if_missing(true)
+            .page_size(8192)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(60))
-            .foreign_keys(true);
+            .foreign_keys(true)
+            .pragma("cache_size", "-16384")
+            .pragma("wal_autocheckpoint", "10000");
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(120))
@@ -340,26 +354,8 @@ impl SqliteStore {
         schema: &TableSchema,
         lineage: &Lineage,
     ) -> Result<Vec<(Hash128, Hash128)>, Error> {
-        let sql = format!(
-            "SELECT {}, _tm_row_hash FROM {} WHERE {}",
-            table::key_list(schema),
-            crate::schema::quote(&schema.table),
-            table::live_rows_of_run_key(schema)
-        );
-        let mut rows = sqlx::query(&sql)
-            .bind(&lineage.source)
-            .bind(&lineage.export_type)
-            .bind(&lineage.period_start)
-            .fetch(&self.pool);
-        let mut map = Vec::new();
-        while let Some(row) = rows.try_next().await.db()? {
-            let key = table::key_hash_of(schema, &row)?;
-            let hash: String = row.try_get("_tm_row_hash").db()?;
-            if let Some(hash) = Hash128::from_hex(&hash) {
-                map.push((key, hash));
-            }
-        }
-        Ok(map)
+        let mut conn = self.pool.acquire().await.db()?;
+        raw::with_raw(&mut conn, |c| raw::stored_hashes(c, schema, lineage)).await
     }
 
     pub(crate) async fn apply_batch(
@@ -377,8 +373,8 @@ impl SqliteStore {
             run_id: &lease.run_id,
             loaded_at: &loaded_at,
         };
-        let outcome =
-            table::write_rows(&mut tx, schema, &stamp, &batch.rows, batch.try_direct_copy).await?;
+        let written =
+            raw::with_raw(&mut tx, |c| raw::write_rows(c, schema, &stamp, &batch.rows)).await?;
         for reject in batch.rejects {
             table::insert_reject(&mut tx, lineage, &lease.run_id, reject, &loaded_at).await?;
         }
@@ -393,7 +389,7 @@ impl SqliteStore {
         .await
         .db()?;
         let mut counts = batch.counts;
-        outcome.written.apply(&mut counts);
+        written.apply(&mut counts);
         save_progress(
             &mut tx,
             lease,
@@ -403,7 +399,10 @@ impl SqliteStore {
         )
         .await?;
         tx.commit().await.db()?;
-        Ok(outcome)
+        Ok(BatchOutcome {
+            written,
+            direct_copy_conflict: false,
+        })
     }
 
     pub(crate) async fn finish(
@@ -419,7 +418,8 @@ impl SqliteStore {
         let mut tx = self.pool.begin().await.db()?;
         fence(&mut tx, lease).await?;
         if reconcile.on_missing != OnMissing::Keep {
-            let (live, vanished) = table::vanished_rows(&mut tx, schema, lineage, seen).await?;
+            let (live, vanished) =
+                raw::with_raw(&mut tx, |c| raw::vanished_rows(c, schema, lineage, seen)).await?;
             if let Some(why) =
                 refuse_deletes(vanished.len() as u64, live, counts.rows_read, reconcile)
             {
