@@ -13,10 +13,14 @@ a fresh database that is dropped afterwards.
 
 Steps per repeat, on PostgreSQL:
   1. baseline: COPY of all files into an empty table with the same primary key
+     (and, for reference, COPY of the same rows with tidemark's six lineage
+     columns filled into tidemark's table shape: natural key UNIQUE plus the
+     run-key index)
   2. tidemark first backfill of the periods into an empty database
   3. tidemark forced re-sync after 10% of rows changed, 2% deleted, 2% added
   4. tidemark forced re-sync of unchanged data
-and on SQLite: the sqlite3 .import baseline (WAL, one transaction), then 2-4.
+and on SQLite: the sqlite3 .import baseline (WAL, one transaction; also into
+tidemark's table shape), then 2-4.
 """
 
 import argparse
@@ -93,6 +97,21 @@ def write_day(folder, day, rows):
             f.write(",".join(row) + "\n")
 
 
+# The lineage values tidemark stamps on every row, as a baseline loads them.
+LINEAGE = "_tm_source,_tm_export_type,_tm_period_start,_tm_run_id,_tm_row_hash,_tm_loaded_at"
+
+
+def write_wide_day(folder, day, rows):
+    """The day's rows with tidemark's lineage columns appended (same widths),
+    for the "same table shape" reference load."""
+    stamp = (f",files,orders_daily,{day.isoformat()}T00:00:00+00:00,{uuid.uuid4().hex},"
+             f"{{}},2026-01-01T00:00:00.000Z")
+    with open(os.path.join(folder, "data", day.isoformat(), "wide.csv"), "w") as f:
+        f.write(COLUMNS + "," + LINEAGE + "\n")
+        for n, row in enumerate(rows):
+            f.write(",".join(row) + stamp.format(f"{n:032x}") + "\n")
+
+
 def generate(folder, total, periods, granularity, batch_size):
     """Writes the CSVs and the pipeline; returns {day: [rows]}."""
     rng = random.Random(42)
@@ -102,6 +121,7 @@ def generate(folder, total, periods, granularity, batch_size):
     for i, day in enumerate(days):
         data[day] = [gen_row(rng, f"ORD-{i:03d}-{n:08d}", day) for n in range(per)]
         write_day(folder, day, data[day])
+        write_wide_day(folder, day, data[day])
     with open(os.path.join(folder, "bench.toml"), "w") as f:
         f.write(PIPELINE.format(granularity=granularity, batch_size=batch_size))
     return data
@@ -161,13 +181,26 @@ def pg_writes(url):
     return tuple(int(x) for x in row.split("|")) if row else (0, 0, 0)
 
 
-def pg_baseline(folder, days, total):
+PG_PLAIN = ("CREATE TABLE orders (order_id text PRIMARY KEY, quantity bigint, customer text, amount numeric, "
+            "status text, created_at timestamptz, updated_at timestamptz, note text)")
+# The table tidemark creates for the bench pipeline: lineage columns, the
+# natural key UNIQUE, and the run-key index.
+PG_SHAPE = ("CREATE TABLE orders (order_id text, quantity bigint, customer text, amount numeric, status text, "
+            "created_at timestamptz, updated_at timestamptz, note text, _tm_source text NOT NULL, "
+            "_tm_export_type text NOT NULL, _tm_period_start timestamptz NOT NULL, _tm_run_id text NOT NULL, "
+            "_tm_row_hash text NOT NULL, _tm_loaded_at timestamptz NOT NULL, UNIQUE (order_id)); "
+            "CREATE INDEX ON orders (_tm_source, _tm_export_type, _tm_period_start)")
+
+
+def pg_baseline(folder, days, total, shape=False):
+    """psql \\copy of every file into an empty table: the plain keyed table,
+    or (shape) tidemark's table shape with the lineage columns filled."""
     name, url = fresh_pg()
     try:
-        psql(url, "CREATE TABLE orders (order_id text PRIMARY KEY, quantity bigint, customer text, amount numeric, "
-                  "status text, created_at timestamptz, updated_at timestamptz, note text)")
+        psql(url, PG_SHAPE if shape else PG_PLAIN)
+        file, columns = ("wide.csv", COLUMNS + "," + LINEAGE) if shape else ("orders.csv", COLUMNS)
         script = "".join(
-            f"\\copy orders ({COLUMNS}) FROM '{folder}/data/{d.isoformat()}/orders.csv' WITH (FORMAT csv, HEADER true)\n"
+            f"\\copy orders ({columns}) FROM '{folder}/data/{d.isoformat()}/{file}' WITH (FORMAT csv, HEADER true)\n"
             for d in days)
         path = os.path.join(folder, "copy.sql")
         with open(path, "w") as f:
@@ -180,15 +213,24 @@ def pg_baseline(folder, days, total):
         drop_pg(name)
 
 
-def sqlite_baseline(folder, days, total):
+SQLITE_PLAIN = ("CREATE TABLE orders (order_id TEXT PRIMARY KEY, quantity INTEGER, customer TEXT, amount TEXT, "
+                "status TEXT, created_at TEXT, updated_at TEXT, note TEXT);")
+SQLITE_SHAPE = ("CREATE TABLE orders (order_id TEXT, quantity INTEGER, customer TEXT, amount DECIMAL_TEXT, "
+                "status TEXT, created_at TIMESTAMPTZ, updated_at TIMESTAMPTZ, note TEXT, _tm_source TEXT NOT NULL, "
+                "_tm_export_type TEXT NOT NULL, _tm_period_start TEXT NOT NULL, _tm_run_id TEXT NOT NULL, "
+                "_tm_row_hash TEXT NOT NULL, _tm_loaded_at TEXT NOT NULL, UNIQUE (order_id)); "
+                "CREATE INDEX orders__tm_run_key ON orders (_tm_source, _tm_export_type, _tm_period_start);")
+
+
+def sqlite_baseline(folder, days, total, shape=False):
+    """sqlite3 .import of every file (WAL, one transaction): into the plain
+    keyed table, or (shape) tidemark's table shape with lineage filled."""
     db = os.path.join(folder, "baseline.db")
     if os.path.exists(db):
         os.remove(db)
-    script = ["PRAGMA journal_mode=WAL;",
-              "CREATE TABLE orders (order_id TEXT PRIMARY KEY, quantity INTEGER, customer TEXT, amount TEXT, "
-              "status TEXT, created_at TEXT, updated_at TEXT, note TEXT);",
-              "BEGIN;"]
-    script += [f".import --csv --skip 1 {folder}/data/{d.isoformat()}/orders.csv orders" for d in days]
+    file = "wide.csv" if shape else "orders.csv"
+    script = ["PRAGMA journal_mode=WAL;", SQLITE_SHAPE if shape else SQLITE_PLAIN, "BEGIN;"]
+    script += [f".import --csv --skip 1 {folder}/data/{d.isoformat()}/{file} orders" for d in days]
     script += ["COMMIT;"]
     path = os.path.join(folder, "import.sql")
     with open(path, "w") as f:
@@ -247,9 +289,11 @@ def scenario(folder, total, periods, granularity, batch_size, backend):
     results = {}
     if backend == "postgres":
         results["baseline"] = (pg_baseline(folder, days, total), None)
+        results["shape"] = (pg_baseline(folder, days, total, shape=True), None)
         name, url = fresh_pg()
     else:
         results["baseline"] = (sqlite_baseline(folder, days, total), None)
+        results["shape"] = (sqlite_baseline(folder, days, total, shape=True), None)
         name, url = None, f"sqlite://{folder}/tidemark.db"
     db = f"{folder}/tidemark.db"
     snapshot = (lambda: pg_writes(url)) if name else (lambda: sqlite_state(db))
@@ -279,7 +323,8 @@ def report(backend, runs, total, baseline_name):
     med = {step: statistics.median(r[0][step][0] for r in runs) for step in runs[0][0]}
     base = total / med["baseline"]
     print(f"{'step':<34} {'seconds':>8} {'rows/s':>10} {'x baseline':>10} {'peak RSS':>10}  rows written (pg_stat_user_tables / _tm_loaded_at)")
-    labels = {"baseline": baseline_name, "first": "tidemark first backfill",
+    labels = {"baseline": baseline_name, "shape": "  same, into tidemark's table shape",
+              "first": "tidemark first backfill",
               "mutated": "tidemark re-sync, 10%/2%/2% changed", "unchanged": "tidemark re-sync, unchanged"}
     for step, label in labels.items():
         secs = med[step]
@@ -288,6 +333,8 @@ def report(backend, runs, total, baseline_name):
         print(f"{label:<34} {secs:>8.2f} {total / secs:>10,.0f} {total / secs / base:>10.2f} "
               f"{(f'{rss:.0f} MiB' if rss else '-'):>10}  {written}")
     print(f"unchanged re-sync vs first backfill: {med['first'] / med['unchanged']:.2f}x faster")
+    print(f"first backfill vs the baseline tool loading tidemark's table shape: "
+          f"{med['shape'] / med['first']:.2f}x")
 
 
 def main():

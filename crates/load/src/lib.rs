@@ -16,6 +16,7 @@ mod ledger;
 mod postgres;
 mod schema;
 mod sqlite;
+mod stored;
 mod writer;
 
 use std::time::Duration;

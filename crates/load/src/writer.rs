@@ -14,6 +14,7 @@ use tidemark_core::{Error, Hash128, Row, RunKey};
 
 use crate::ledger::{ClaimedRun, Counts, Lease};
 use crate::schema::TableSchema;
+use crate::stored::StoredHashes;
 use crate::{Backend, Store};
 
 /// A rejected record, kept in `_tm_rejects`.
@@ -106,8 +107,10 @@ pub struct RunWriter {
     schema: TableSchema,
     lease: Lease,
     lineage: Lineage,
+    /// What the run key held at the start, and which of it was seen.
     existing: StoredHashes,
-    seen: KeySet,
+    /// Keys new to the run key that this run has written.
+    seen_new: KeySet,
     counts: Counts,
     batches: i64,
     direct_copy: bool,
@@ -127,10 +130,23 @@ impl RunWriter {
             period_start: key.period.start_rfc3339(),
             period_end: key.period.end_rfc3339(),
         };
-        let existing = StoredHashes::new(match &store.backend {
+        let mut existing = StoredHashes::new(match &store.backend {
             Backend::Sqlite(s) => s.existing_hashes(&schema, &lineage).await?,
             Backend::Postgres(s) => s.existing_hashes(&schema, &lineage).await?,
         });
+        // A resumed attempt: the committed batches' keys were seen.
+        let mut seen_new = KeySet::default();
+        for &key in &run.seen {
+            match existing.position(key) {
+                Some(at) => {
+                    let hash = existing.row_hash(at);
+                    existing.saw(at, hash);
+                }
+                None => {
+                    seen_new.insert(key);
+                }
+            }
+        }
         tracing::debug!(
             existing = existing.len(),
             seen = run.seen.len(),
@@ -142,7 +158,7 @@ impl RunWriter {
             lease: run.lease.clone(),
             lineage,
             existing,
-            seen: run.seen.clone(),
+            seen_new,
             counts: run.counts,
             batches: run.batches,
             direct_copy: true,
@@ -156,7 +172,10 @@ impl RunWriter {
 
     /// Whether an earlier committed batch of this run had this key.
     pub fn was_seen(&self, key: Hash128) -> bool {
-        self.seen.contains(&key)
+        match self.existing.position(key) {
+            Some(at) => self.existing.was_seen(at),
+            None => self.seen_new.contains(&key),
+        }
     }
 
     /// Commits one batch: changed rows, the batch's keys, rejects, counts
@@ -171,9 +190,13 @@ impl RunWriter {
     ) -> Result<(), Error> {
         let mut unchanged = 0u64;
         let mut writes = Vec::with_capacity(rows.len());
-        for row in rows {
-            match self.existing.get(row.key_hash) {
-                Some(hash) if hash == row.row_hash => unchanged += 1,
+        let positions: Vec<Option<usize>> = rows
+            .iter()
+            .map(|row| self.existing.position(row.key_hash))
+            .collect();
+        for (row, at) in rows.iter().zip(&positions) {
+            match at {
+                Some(at) if self.existing.row_hash(*at) == row.row_hash => unchanged += 1,
                 Some(_) => writes.push((row, Write::Update)),
                 None => writes.push((row, Write::Upsert)),
             }
@@ -210,15 +233,17 @@ impl RunWriter {
             self.direct_copy = false;
         }
         self.batches = batch.batch_no;
-        for row in rows {
+        for (row, at) in rows.iter().zip(positions) {
             // Keep stored hashes current for keys the run key already had, so
             // a later duplicate is compared with what is now in the table.
-            // Keys new to the run key need no entry: a later duplicate goes
+            // Keys new to the run key need no hash: a later duplicate goes
             // through the database's own "only if different" upsert.
-            if let Some(hash) = self.existing.get_mut(row.key_hash) {
-                *hash = row.row_hash;
+            match at {
+                Some(at) => self.existing.saw(at, row.row_hash),
+                None => {
+                    self.seen_new.insert(row.key_hash);
+                }
             }
-            self.seen.insert(row.key_hash);
         }
         Ok(())
     }
@@ -228,7 +253,7 @@ impl RunWriter {
     pub async fn finish(&mut self, reconcile: &Reconcile) -> Result<serde_json::Value, Error> {
         // Rows of the run key present at the start and not seen since: if
         // there are none, reconciliation has nothing to look for.
-        let maybe_vanished = self.existing.keys().any(|k| !self.seen.contains(k));
+        let maybe_vanished = self.existing.unseen() > 0;
         let reconcile = Reconcile {
             on_missing: if maybe_vanished {
                 reconcile.on_missing
@@ -243,7 +268,7 @@ impl RunWriter {
                     &self.lease,
                     &self.schema,
                     &self.lineage,
-                    &self.seen,
+                    &self.existing,
                     &reconcile,
                     self.counts,
                 )
@@ -254,7 +279,7 @@ impl RunWriter {
                     &self.lease,
                     &self.schema,
                     &self.lineage,
-                    &self.seen,
+                    &self.existing,
                     &reconcile,
                     self.counts,
                 )
@@ -268,43 +293,6 @@ impl RunWriter {
             self.counts.rows_deleted = deleted;
         }
         Ok(result)
-    }
-}
-
-/// `(key hash, row hash)` of the run key's live rows when the attempt
-/// started, sorted by key: 32 bytes a row and no hash-table slack, so a
-/// million-row period costs 32 MB here rather than ~100 MB.
-#[derive(Debug, Default)]
-pub(crate) struct StoredHashes(Vec<(Hash128, Hash128)>);
-
-impl StoredHashes {
-    pub(crate) fn new(mut pairs: Vec<(Hash128, Hash128)>) -> Self {
-        pairs.sort_unstable_by_key(|(key, _)| *key);
-        pairs.dedup_by_key(|(key, _)| *key);
-        pairs.shrink_to_fit();
-        StoredHashes(pairs)
-    }
-
-    fn position(&self, key: Hash128) -> Option<usize> {
-        self.0.binary_search_by_key(&key, |(k, _)| *k).ok()
-    }
-
-    /// The stored row hash of a key.
-    pub(crate) fn get(&self, key: Hash128) -> Option<Hash128> {
-        self.position(key).map(|i| self.0[i].1)
-    }
-
-    /// The stored row hash of a key, to update after a write.
-    pub(crate) fn get_mut(&mut self, key: Hash128) -> Option<&mut Hash128> {
-        self.position(key).map(|i| &mut self.0[i].1)
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub(crate) fn keys(&self) -> impl Iterator<Item = &Hash128> {
-        self.0.iter().map(|(k, _)| k)
     }
 }
 
@@ -372,21 +360,6 @@ mod tests {
             max_delete_fraction: fraction,
             force_deletes: force,
         }
-    }
-
-    #[test]
-    fn stored_hashes_find_and_update_by_key() {
-        let mut stored = StoredHashes::new(vec![
-            (Hash128(3), Hash128(30)),
-            (Hash128(1), Hash128(10)),
-            (Hash128(2), Hash128(20)),
-        ]);
-        assert_eq!(stored.len(), 3);
-        assert_eq!(stored.get(Hash128(2)), Some(Hash128(20)));
-        assert_eq!(stored.get(Hash128(4)), None);
-        *stored.get_mut(Hash128(1)).unwrap() = Hash128(11);
-        assert_eq!(stored.get(Hash128(1)), Some(Hash128(11)));
-        assert_eq!(stored.keys().count(), 3);
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::ledger::{
 };
 use crate::schema::TableSchema;
 use crate::sqlite::to_i64;
+use crate::stored::StoredHashes;
 use crate::timestamp_text;
 use crate::writer::{refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile};
 
@@ -373,14 +374,14 @@ impl PgStore {
         lease: &Lease,
         schema: &TableSchema,
         lineage: &Lineage,
-        seen: &KeySet,
+        existing: &StoredHashes,
         reconcile: &Reconcile,
         mut counts: Counts,
     ) -> Result<serde_json::Value, Error> {
         let mut tx = self.pool.begin().await.db()?;
         fence(&mut tx, lease).await?;
         if reconcile.on_missing != OnMissing::Keep {
-            let (live, vanished) = table::vanished_keys(&mut tx, schema, lineage, seen).await?;
+            let (live, vanished) = table::vanished_keys(&mut tx, schema, lineage, existing).await?;
             if let Some(why) =
                 refuse_deletes(vanished.len() as u64, live, counts.rows_read, reconcile)
             {

@@ -17,11 +17,11 @@ use futures_util::TryStreamExt;
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{Postgres, Row as _, Transaction};
 use tidemark_core::spec::OnMissing;
-use tidemark_core::KeySet;
 use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
 use crate::db_error::DbResultExt;
 use crate::schema::{column_problems, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
+use crate::stored::StoredHashes;
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Reject, WriteCounts};
 
 /// The PostgreSQL type of a field type.
@@ -439,12 +439,13 @@ pub(super) async fn insert_reject(
     Ok(())
 }
 
-/// Live rows of the run key, and the keys no batch of this run has seen.
+/// Live rows of the run key, and the keys it held at the start that no
+/// batch of this run has seen.
 pub(super) async fn vanished_keys(
     tx: &mut Transaction<'_, Postgres>,
     schema: &TableSchema,
     lineage: &Lineage,
-    seen: &KeySet,
+    existing: &StoredHashes,
 ) -> Result<(u64, Vec<Vec<Value>>), Error> {
     let sql = select_keys_of_run_key(schema, "1 AS _tm_one");
     let mut rows = sqlx::query(&sql)
@@ -456,7 +457,7 @@ pub(super) async fn vanished_keys(
     while let Some(row) = rows.try_next().await.db()? {
         live += 1;
         let (hash, values) = key_of(schema, &row)?;
-        if !seen.contains(&hash) {
+        if existing.vanished(hash) {
             vanished.push(values);
         }
     }

@@ -27,6 +27,7 @@ use crate::ledger::{
     Decision, Lease, LedgerEntry, Snapshot,
 };
 use crate::schema::TableSchema;
+use crate::stored::StoredHashes;
 use crate::writer::{refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile};
 use crate::{now_text, timestamp_text};
 
@@ -410,7 +411,7 @@ impl SqliteStore {
         lease: &Lease,
         schema: &TableSchema,
         lineage: &Lineage,
-        seen: &KeySet,
+        existing: &StoredHashes,
         reconcile: &Reconcile,
         mut counts: Counts,
     ) -> Result<serde_json::Value, Error> {
@@ -418,8 +419,10 @@ impl SqliteStore {
         let mut tx = self.pool.begin().await.db()?;
         fence(&mut tx, lease).await?;
         if reconcile.on_missing != OnMissing::Keep {
-            let (live, vanished) =
-                raw::with_raw(&mut tx, |c| raw::vanished_rows(c, schema, lineage, seen)).await?;
+            let (live, vanished) = raw::with_raw(&mut tx, |c| {
+                raw::vanished_rows(c, schema, lineage, existing)
+            })
+            .await?;
             if let Some(why) =
                 refuse_deletes(vanished.len() as u64, live, counts.rows_read, reconcile)
             {

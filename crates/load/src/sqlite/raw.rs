@@ -15,11 +15,12 @@ use std::fmt::Write as _;
 use rusqlite::types::{Null, ValueRef};
 use rusqlite::{Connection, ErrorCode, Statement};
 use sqlx::SqliteConnection;
-use tidemark_core::{Error, FieldType, Hash128, KeySet, Row, Value};
+use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
 use super::table::{key_list, live_rows_of_run_key, Stamp};
 use crate::db_error::{raw_sqlite_error, DbResultExt};
 use crate::schema::{quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
+use crate::stored::StoredHashes;
 use crate::writer::{Lineage, Write, WriteCounts};
 
 /// Runs `work` on `conn`'s raw SQLite handle. Inside a transaction, the work
@@ -294,13 +295,13 @@ pub(super) fn stored_hashes(
     Ok(hashes)
 }
 
-/// The run key's live row count, and the rowids of those whose natural key
-/// no batch of this run has seen.
+/// The run key's live row count, and the rowids of the rows it held at the
+/// start whose natural key no batch of this run has seen.
 pub(super) fn vanished_rows(
     conn: &Connection,
     schema: &TableSchema,
     lineage: &Lineage,
-    seen: &KeySet,
+    existing: &StoredHashes,
 ) -> Result<(u64, Vec<i64>), Error> {
     let sql = format!(
         "SELECT {}, rowid FROM {} WHERE {}",
@@ -316,7 +317,7 @@ pub(super) fn vanished_rows(
     let (mut live, mut vanished) = (0u64, Vec::new());
     while let Some(row) = rows.next().db()? {
         live += 1;
-        if !seen.contains(&key_hash_of(schema, row)?) {
+        if existing.vanished(key_hash_of(schema, row)?) {
             vanished.push(row.get::<_, i64>(rowid_column).db()?);
         }
     }
