@@ -171,9 +171,11 @@ impl Job {
             &self.source_id,
             &self.key.period,
         )?);
-        let mut writer = self.store.writer(schema.clone(), &run, &self.key).await?;
         let mut committed: Option<Checkpoint> = run.resume.clone();
+        // Reading starts first, so the first batch is parsed while the writer
+        // reads the run key's stored hashes.
         let mut batches = self.produce(committed.clone(), &transformer);
+        let mut writer = self.store.writer(schema.clone(), &run, &self.key).await?;
         let mut backoff = Backoff::new(&pipeline.retry);
         let mut received = false;
         while let Some(next) = batches.recv().await {
@@ -218,7 +220,7 @@ impl Job {
             *counts = writer.counts();
             tracing::debug!(
                 rows = batch.read,
-                written = rows.len(),
+                kept = rows.len(),
                 rejects = rejects.len(),
                 "batch committed"
             );

@@ -170,6 +170,14 @@ impl RunWriter {
         self.counts
     }
 
+    /// The row hash the run key held for this key when the attempt started:
+    /// what an incoming row is compared with to skip it unwritten.
+    pub fn stored_hash(&self, key: Hash128) -> Option<Hash128> {
+        self.existing
+            .position(key)
+            .map(|at| self.existing.row_hash(at))
+    }
+
     /// Whether an earlier committed batch of this run had this key.
     pub fn was_seen(&self, key: Hash128) -> bool {
         match self.existing.position(key) {

@@ -336,6 +336,103 @@ async fn soft_deleted_row_that_returns_is_revived(postgres: bool) {
     db.drop_db().await;
 }
 
+/// Stored keys of every key type read back to the hashes the transform
+/// computes, so an identical re-sync writes nothing on either backend.
+async fn stored_keys_of_every_type_read_back_unchanged(postgres: bool) {
+    use tidemark_core::value::{key_hash, row_hash};
+    use tidemark_core::{FieldType, Value};
+    let db = TestDb::new(postgres).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    let p = Pipeline::parse(
+        r#"
+name = "p"
+export_type = "e"
+[period]
+granularity = "day"
+[[sources]]
+id = "s"
+transport = "file"
+format = "csv"
+path = "x.csv"
+[fields]
+t = { type = "text", required = true }
+n = { type = "int", required = true }
+d = { type = "decimal", required = true }
+b = { type = "bool", required = true }
+day = { type = "date", required = true }
+ts = { type = "timestamp", required = true }
+tz = { type = "timestamptz", required = true }
+note = { type = "text" }
+[load]
+table = "typed"
+key = ["t", "n", "d", "b", "day", "ts", "tz"]
+"#,
+        Path::new("p.toml"),
+    )
+    .unwrap();
+    let schema = TableSchema::from_pipeline(&p);
+    store.ensure_table(&schema).await.unwrap();
+    let types = schema.types();
+    let rows: Vec<Row> = (0..3)
+        .map(|i| {
+            let values = vec![
+                Value::Text(format!("tab\there, back\\slash {i}")),
+                Value::Int(-7 + i),
+                Value::from_canonical_text(FieldType::Decimal, "10.50").unwrap(),
+                Value::Bool(i % 2 == 0),
+                Value::from_canonical_text(FieldType::Date, "2024-02-29").unwrap(),
+                Value::from_canonical_text(FieldType::Timestamp, "2024-01-02T03:04:05.25").unwrap(),
+                Value::from_canonical_text(
+                    FieldType::Timestamptz,
+                    "2024-01-02T03:04:05.123456+02:00",
+                )
+                .unwrap(),
+                Value::Text("note".into()),
+            ];
+            Row {
+                key_hash: key_hash(schema.key.iter().map(|&k| (types[k], &values[k]))),
+                row_hash: row_hash(&types, &values),
+                values,
+            }
+        })
+        .collect();
+    let key = key(&p, "2024-01-01");
+    let mut results = Vec::new();
+    for force in [false, true] {
+        let request = ClaimRequest {
+            force,
+            ..request("a")
+        };
+        let run = claimed(store.claim(&key, &request).await.unwrap());
+        let mut writer = store.writer(schema.clone(), &run, &key).await.unwrap();
+        for row in &rows {
+            let expected = force.then_some(row.row_hash);
+            assert_eq!(
+                writer.stored_hash(row.key_hash),
+                expected,
+                "{:?}",
+                row.values
+            );
+        }
+        writer
+            .write_batch(&rows, &[], 3, &serde_json::json!({}))
+            .await
+            .unwrap();
+        let result = writer.finish(&reconcile()).await.unwrap();
+        results.push((
+            result["rows_inserted"].as_u64(),
+            result["rows_updated"].as_u64(),
+            result["rows_unchanged"].as_u64(),
+        ));
+    }
+    assert_eq!(
+        results,
+        [(Some(3), Some(0), Some(0)), (Some(0), Some(0), Some(3))],
+        "inserted, updated, unchanged: first run, identical re-run"
+    );
+    db.drop_db().await;
+}
+
 fn reconcile() -> tidemark_load::Reconcile {
     tidemark_load::Reconcile {
         on_missing: tidemark_core::spec::OnMissing::Keep,
@@ -390,4 +487,5 @@ both_backends!(
     changed_key_type_is_a_contract_error,
     key_from_another_run_key_is_taken_over,
     soft_deleted_row_that_returns_is_revived,
+    stored_keys_of_every_type_read_back_unchanged,
 );

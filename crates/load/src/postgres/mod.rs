@@ -9,6 +9,7 @@
 //! finds `attempt` changed and rolls back. Lease times use the database's
 //! clock, so hosts with skewed clocks agree.
 
+mod stored_copy;
 mod table;
 
 use std::time::Duration;
@@ -311,21 +312,10 @@ impl PgStore {
         schema: &TableSchema,
         lineage: &Lineage,
     ) -> Result<Vec<(Hash128, Hash128)>, Error> {
-        let sql = table::select_keys_of_run_key(schema, "_tm_row_hash");
-        let mut rows = sqlx::query(&sql)
-            .bind(&lineage.source)
-            .bind(&lineage.export_type)
-            .bind(&lineage.period_start)
-            .fetch(&self.pool);
-        let mut map = Vec::new();
-        while let Some(row) = rows.try_next().await.db()? {
-            let (key, _) = table::key_of(schema, &row)?;
-            let hash: String = row.try_get("_tm_row_hash").db()?;
-            if let Some(hash) = Hash128::from_hex(&hash) {
-                map.push((key, hash));
-            }
-        }
-        Ok(map)
+        let mut tx = self.pool.begin().await.db()?;
+        let hashes = stored_copy::stored_hashes(&mut tx, schema, lineage).await?;
+        tx.commit().await.db()?;
+        Ok(hashes)
     }
 
     pub(crate) async fn apply_batch(

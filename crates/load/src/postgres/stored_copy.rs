@@ -1,0 +1,206 @@
+//! Reads a run key's stored `(key hash, row hash)` pairs with `COPY … TO
+//! STDOUT`.
+//!
+//! A re-sync starts by reading one entry per row the run key holds. Fetched
+//! as rows, sqlx decodes a message and builds a row object per entry: about
+//! 75 ms for 50,000 rows on the 2-core benchmark machine, on the critical
+//! path of every period. `COPY` streams the same data as text lines that are
+//! parsed in place, chunk by chunk, so memory stays at one chunk.
+
+use futures_util::TryStreamExt;
+use sqlx::{Postgres, Transaction};
+use tidemark_core::{Error, FieldType, Hash128, Value};
+
+use crate::db_error::DbResultExt;
+use crate::schema::{quote, TableSchema, DELETED_AT};
+use crate::writer::Lineage;
+
+/// `(key hash, row hash)` of the run key's live rows.
+pub(super) async fn stored_hashes(
+    tx: &mut Transaction<'_, Postgres>,
+    schema: &TableSchema,
+    lineage: &Lineage,
+) -> Result<Vec<(Hash128, Hash128)>, Error> {
+    // COPY takes no bind parameters: the run key travels as settings local
+    // to this transaction.
+    sqlx::query(
+        "SELECT set_config('tidemark.source', $1, true), set_config('tidemark.export_type', $2, true),
+                set_config('tidemark.period_start', $3, true)",
+    )
+    .bind(&lineage.source)
+    .bind(&lineage.export_type)
+    .bind(&lineage.period_start)
+    .execute(&mut **tx)
+    .await
+    .db()?;
+    let types: Vec<FieldType> = schema.key_columns().map(|(_, ty)| *ty).collect();
+    let mut stream = tx.copy_out_raw(&copy_sql(schema)).await.db()?;
+    let mut hashes = Vec::new();
+    let mut pending: Vec<u8> = Vec::new();
+    while let Some(chunk) = stream.try_next().await.db()? {
+        pending.extend_from_slice(&chunk);
+        let mut start = 0;
+        while let Some(end) = pending[start..].iter().position(|&b| b == b'\n') {
+            if let Some(pair) = parse_line(schema, &types, &pending[start..start + end])? {
+                hashes.push(pair);
+            }
+            start += end + 1;
+        }
+        pending.drain(..start);
+    }
+    Ok(hashes)
+}
+
+/// The `COPY` of the run key's live keys, each rendered as text that
+/// [`Value::from_canonical_text`] reads back, and their row hashes.
+fn copy_sql(schema: &TableSchema) -> String {
+    let keys: Vec<String> = schema
+        .key_columns()
+        .map(|(name, ty)| {
+            let col = quote(name);
+            match ty {
+                FieldType::Bool => format!("{col}::int"),
+                FieldType::Date => format!("to_char({col}, 'YYYY-MM-DD')"),
+                FieldType::Timestamp => {
+                    format!("to_char({col}, 'YYYY-MM-DD\"T\"HH24:MI:SS.US')")
+                }
+                FieldType::Timestamptz => format!(
+                    "to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+                ),
+                _ => format!("{col}::text"),
+            }
+        })
+        .collect();
+    let live = if schema.soft_delete {
+        format!(" AND {DELETED_AT} IS NULL")
+    } else {
+        String::new()
+    };
+    format!(
+        "COPY (SELECT {}, _tm_row_hash FROM {} WHERE _tm_source = current_setting('tidemark.source') \
+         AND _tm_export_type = current_setting('tidemark.export_type') \
+         AND _tm_period_start = current_setting('tidemark.period_start')::timestamptz{live}) TO STDOUT",
+        keys.join(", "),
+        quote(&schema.table)
+    )
+}
+
+/// One `COPY` text line: key fields, then the row hash. `None` for a row
+/// hash that is not one of ours (the row is then rewritten, never skipped).
+fn parse_line(
+    schema: &TableSchema,
+    types: &[FieldType],
+    line: &[u8],
+) -> Result<Option<(Hash128, Hash128)>, Error> {
+    let mut fields = line.split(|&b| b == b'\t');
+    let mut values = Vec::with_capacity(types.len());
+    for ((name, _), ty) in schema.key_columns().zip(types) {
+        let field = fields.next().unwrap_or_default();
+        values.push(key_value(&schema.table, name, *ty, field)?);
+    }
+    let key = tidemark_core::value::key_hash(types.iter().copied().zip(values.iter()));
+    let row_hash = fields
+        .next()
+        .and_then(|f| std::str::from_utf8(f).ok())
+        .and_then(Hash128::from_hex);
+    Ok(row_hash.map(|hash| (key, hash)))
+}
+
+fn key_value(table: &str, name: &str, ty: FieldType, field: &[u8]) -> Result<Value, Error> {
+    if field == b"\\N" {
+        return Ok(Value::Null);
+    }
+    let text = unescape(field);
+    Value::from_canonical_text(ty, &text).ok_or_else(|| Error::Contract {
+        table: table.to_string(),
+        message: format!("stored key column `{name}` holds {text:?}, which is not a valid {ty}"),
+    })
+}
+
+/// Undoes `COPY … TO` text escaping: `\\`, `\t`, `\n`, `\r`, `\b`, `\f`, `\v`.
+fn unescape(field: &[u8]) -> String {
+    if !field.contains(&b'\\') {
+        return String::from_utf8_lossy(field).into_owned();
+    }
+    let mut out = Vec::with_capacity(field.len());
+    let mut bytes = field.iter();
+    while let Some(&b) = bytes.next() {
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        match bytes.next() {
+            Some(b't') => out.push(b'\t'),
+            Some(b'n') => out.push(b'\n'),
+            Some(b'r') => out.push(b'\r'),
+            Some(b'b') => out.push(0x08),
+            Some(b'f') => out.push(0x0c),
+            Some(b'v') => out.push(0x0b),
+            Some(&other) => out.push(other),
+            None => out.push(b'\\'),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_copy_text() {
+        assert_eq!(unescape(b"plain"), "plain");
+        assert_eq!(unescape(b"a\\tb\\nc\\\\d"), "a\tb\nc\\d");
+    }
+
+    #[test]
+    fn parses_keys_of_every_key_type_as_the_transform_hashes_them() {
+        let pipeline = tidemark_core::Pipeline::parse(
+            r#"
+name = "p"
+export_type = "e"
+[period]
+granularity = "day"
+[[sources]]
+id = "s"
+transport = "file"
+format = "csv"
+path = "x.csv"
+[fields]
+t = { type = "text", required = true }
+n = { type = "int", required = true }
+d = { type = "decimal", required = true }
+b = { type = "bool", required = true }
+day = { type = "date", required = true }
+ts = { type = "timestamp", required = true }
+tz = { type = "timestamptz", required = true }
+[load]
+table = "items"
+key = ["t", "n", "d", "b", "day", "ts", "tz"]
+"#,
+            std::path::Path::new("p.toml"),
+        )
+        .unwrap();
+        let schema = TableSchema::from_pipeline(&pipeline);
+        let types: Vec<FieldType> = schema.key_columns().map(|(_, t)| *t).collect();
+        let line = b"a\\tb\t42\t10.50\t1\t2024-01-02\t2024-01-02T03:04:05.000000\t2024-01-02T03:04:05.123000Z\t000000000000000000000000000000ff";
+        let (key, row) = parse_line(&schema, &types, line).unwrap().unwrap();
+        let expected = [
+            Value::Text("a\tb".into()),
+            Value::Int(42),
+            Value::from_canonical_text(FieldType::Decimal, "10.5").unwrap(),
+            Value::Bool(true),
+            Value::from_canonical_text(FieldType::Date, "2024-01-02").unwrap(),
+            Value::from_canonical_text(FieldType::Timestamp, "2024-01-02T03:04:05").unwrap(),
+            Value::from_canonical_text(FieldType::Timestamptz, "2024-01-02T03:04:05.123Z").unwrap(),
+        ];
+        let want = tidemark_core::value::key_hash(types.iter().copied().zip(expected.iter()));
+        assert_eq!((key, row), (want, Hash128(0xff)));
+        let bad =
+            b"a\tnot-a-number\t1\t1\t2024-01-02\t2024-01-02T03:04:05\t2024-01-02T03:04:05Z\tff";
+        assert!(matches!(
+            parse_line(&schema, &types, bad),
+            Err(Error::Contract { .. })
+        ));
+    }
+}
