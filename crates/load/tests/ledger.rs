@@ -363,6 +363,8 @@ day = { type = "date", required = true }
 ts = { type = "timestamp", required = true }
 tz = { type = "timestamptz", required = true }
 note = { type = "text" }
+f = { type = "float" }
+j = { type = "json" }
 [load]
 table = "typed"
 key = ["t", "n", "d", "b", "day", "ts", "tz"]
@@ -388,6 +390,8 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
                 )
                 .unwrap(),
                 Value::Text("note".into()),
+                Value::Float(1.5),
+                Value::from_canonical_text(FieldType::Json, r#"{"a":[1,2],"b":"x"}"#).unwrap(),
             ];
             Row {
                 key_hash: key_hash(schema.key.iter().map(|&k| (types[k], &values[k]))),
@@ -430,6 +434,14 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
         [(Some(3), Some(0), Some(0)), (Some(0), Some(0), Some(3))],
         "inserted, updated, unchanged: first run, identical re-run"
     );
+    let stored = if postgres {
+        r#"SELECT count(*) FROM typed WHERE f = 1.5 AND j = '{"a":[1,2],"b":"x"}'::jsonb
+             AND tz = '2024-01-02T01:04:05.123456Z' AND d = 10.5 AND day = '2024-02-29'"#
+    } else {
+        r#"SELECT count(*) FROM typed WHERE f = 1.5 AND j = '{"a":[1,2],"b":"x"}'
+             AND d = '10.5' AND day = '2024-02-29'"#
+    };
+    assert_eq!(scalar(&db.url, stored).await, 3, "values stored as typed");
     db.drop_db().await;
 }
 

@@ -9,6 +9,7 @@
 //! finds `attempt` changed and rolls back. Lease times use the database's
 //! clock, so hosts with skewed clocks agree.
 
+mod copy_binary;
 mod stored_copy;
 mod table;
 

@@ -13,12 +13,14 @@
 
 use std::collections::HashSet;
 
+use chrono::{DateTime, Utc};
 use futures_util::TryStreamExt;
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{Postgres, Row as _, Transaction};
 use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
+use super::copy_binary::{encode_rows, LineageValues};
 use crate::db_error::DbResultExt;
 use crate::schema::{column_problems, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
 use crate::stored::StoredHashes;
@@ -247,60 +249,26 @@ pub(super) struct Stamp<'a> {
     pub loaded_at: &'a str,
 }
 
-/// Appends one value in `COPY … (FORMAT text)` encoding: `\N` for NULL;
-/// backslash, tab, newline and carriage return escaped. Copies whole runs
-/// of ordinary text at once (this is the hottest loop of a first backfill).
-fn push_copy_value(out: &mut String, value: Option<&str>) {
-    let Some(text) = value else {
-        out.push_str("\\N");
-        return;
+/// The batch in binary `COPY` encoding: values, then lineage columns.
+fn copy_data(
+    schema: &TableSchema,
+    rows: &[(&Row, crate::writer::Write)],
+    stamp: &Stamp<'_>,
+) -> Result<Vec<u8>, Error> {
+    let instant = |text: &str| {
+        DateTime::parse_from_rfc3339(text)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| Error::Invariant(format!("lineage time {text:?} is not RFC 3339: {e}")))
     };
-    let mut rest = text;
-    while let Some(at) = rest
-        .bytes()
-        .position(|b| matches!(b, b'\\' | b'\t' | b'\n' | b'\r'))
-    {
-        out.push_str(&rest[..at]);
-        out.push_str(match rest.as_bytes()[at] {
-            b'\\' => "\\\\",
-            b'\t' => "\\t",
-            b'\n' => "\\n",
-            _ => "\\r",
-        });
-        rest = &rest[at + 1..];
-    }
-    out.push_str(rest);
-}
-
-/// The batch as `COPY` text: values, then lineage columns.
-fn copy_data(rows: &[(&Row, crate::writer::Write)], stamp: &Stamp<'_>) -> String {
-    let mut out = String::with_capacity(rows.len() * 128);
-    let mut scratch = String::with_capacity(64);
-    for (row, _) in rows {
-        for value in &row.values {
-            scratch.clear();
-            let present = value.write_canonical(&mut scratch);
-            push_copy_value(&mut out, present.then_some(scratch.as_str()));
-            out.push('\t');
-        }
-        let hash = row.row_hash.to_hex();
-        let lineage = [
-            stamp.lineage.source.as_str(),
-            stamp.lineage.export_type.as_str(),
-            stamp.lineage.period_start.as_str(),
-            stamp.run_id,
-            hash.as_str(),
-            stamp.loaded_at,
-        ];
-        for (i, text) in lineage.iter().enumerate() {
-            if i > 0 {
-                out.push('\t');
-            }
-            push_copy_value(&mut out, Some(text));
-        }
-        out.push('\n');
-    }
-    out
+    let lineage = LineageValues {
+        source: &stamp.lineage.source,
+        export_type: &stamp.lineage.export_type,
+        period_start: instant(&stamp.lineage.period_start)?,
+        run_id: stamp.run_id,
+        loaded_at: instant(stamp.loaded_at)?,
+    };
+    let names: Vec<String> = schema.columns.iter().map(|(n, _)| n.clone()).collect();
+    encode_rows(rows, &names, &lineage)
 }
 
 fn column_list(schema: &TableSchema) -> String {
@@ -313,14 +281,14 @@ async fn copy_into(
     tx: &mut Transaction<'_, Postgres>,
     table: &str,
     columns: &str,
-    data: &str,
+    data: &[u8],
 ) -> Result<u64, sqlx::Error> {
     let mut copy = tx
         .copy_in_raw(&format!(
-            "COPY {table} ({columns}) FROM STDIN (FORMAT text)"
+            "COPY {table} ({columns}) FROM STDIN (FORMAT binary)"
         ))
         .await?;
-    if let Err(e) = copy.send(data.as_bytes()).await {
+    if let Err(e) = copy.send(data).await {
         let _ = copy.abort(e.to_string()).await;
         return Err(e);
     }
@@ -337,7 +305,7 @@ pub(super) async fn write_rows(
     if batch.rows.is_empty() {
         return Ok(outcome);
     }
-    let data = copy_data(&batch.rows, stamp);
+    let data = copy_data(schema, &batch.rows, stamp)?;
     let columns = column_list(schema);
     if batch.try_direct_copy {
         let mut savepoint = sqlx::Connection::begin(&mut **tx).await.db()?;
@@ -363,7 +331,7 @@ async fn merge_through_stage(
     tx: &mut Transaction<'_, Postgres>,
     schema: &TableSchema,
     columns: &str,
-    data: &str,
+    data: &[u8],
     staged: usize,
 ) -> Result<WriteCounts, Error> {
     let table = quote(&schema.table);
@@ -509,18 +477,4 @@ pub(super) async fn delete_keys(
         query = query.bind(column);
     }
     Ok(query.execute(&mut **tx).await.db()?.rows_affected())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn copy_text_escapes_control_characters_and_nulls() {
-        let mut out = String::new();
-        push_copy_value(&mut out, Some("a\tb\\c\nd\re"));
-        out.push('|');
-        push_copy_value(&mut out, None);
-        assert_eq!(out, "a\\tb\\\\c\\nd\\re|\\N");
-    }
 }
