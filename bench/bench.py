@@ -19,6 +19,9 @@ Steps per repeat, on PostgreSQL:
   2. tidemark first backfill of the periods into an empty database
   3. tidemark forced re-sync after 10% of rows changed, 2% deleted, 2% added
   4. tidemark forced re-sync of unchanged data
+Every timed step starts after a PostgreSQL CHECKPOINT and an OS sync, so no
+step pays for writing out the previous step's data.
+
 and on SQLite: the sqlite3 .import baseline (WAL, one transaction; also into
 tidemark's table shape), then 2-4.
 """
@@ -144,9 +147,18 @@ def mutate(folder, data):
         write_day(folder, day, new)
 
 
+def settle():
+    """Starts every timed step from the same state: the previous step's dirty
+    pages written out (a PostgreSQL CHECKPOINT, then the OS's own), so no step
+    pays for the one before it."""
+    subprocess.run(["psql", PG_URL, "-qAtX", "-c", "CHECKPOINT"], capture_output=True)
+    os.sync()
+
+
 def timed(cmd, **kw):
     """Runs cmd; returns (seconds, peak RSS of the child in MiB)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    settle()
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
     elapsed = time.perf_counter() - start
@@ -235,6 +247,7 @@ def sqlite_baseline(folder, days, total, shape=False):
     path = os.path.join(folder, "import.sql")
     with open(path, "w") as f:
         f.write("\n".join(script) + "\n")
+    settle()
     start = time.perf_counter()
     subprocess.run(["sqlite3", db], stdin=open(path), check=True, capture_output=True)
     secs = time.perf_counter() - start
@@ -253,6 +266,7 @@ def tidemark(folder, url, days, force):
     if force:
         cmd.append("--force")
     env = dict(os.environ, TIDEMARK_LOG="warn")
+    settle()
     start = time.perf_counter()
     # GNU time reports this one process's peak RSS (RUSAGE_CHILDREN would keep the max of all).
     proc = subprocess.run(["/usr/bin/time", "-f", "%M"] + cmd, capture_output=True, text=True, cwd=folder, env=env)
