@@ -185,8 +185,8 @@ impl Job {
                 // start the period over; committed rows stay and are reconciled.
                 Err(Error::Invariant(why)) if !received && committed.is_some() => {
                     tracing::warn!(%why, "checkpoint no longer matches the source; starting the period over");
-                    self.store.restart_fresh(&run.lease).await?;
-                    run = fresh(run);
+                    let run_id = self.store.restart_fresh(&run.lease).await?;
+                    run = fresh(run, run_id);
                     writer = self.store.writer(schema.clone(), &run, &self.key).await?;
                     committed = None;
                     batches = self.produce(None, &transformer);
@@ -311,13 +311,16 @@ async fn finish(
     }
 }
 
-fn fresh(run: ClaimedRun) -> ClaimedRun {
+fn fresh(run: ClaimedRun, run_id: String) -> ClaimedRun {
     ClaimedRun {
+        lease: Lease {
+            run_id,
+            ..run.lease
+        },
         resume: None,
         counts: Counts::default(),
         batches: 0,
         seen: Default::default(),
-        ..run
     }
 }
 

@@ -57,7 +57,8 @@ pub struct Lease {
     pub run_ref: i64,
     /// Attempt number: every write checks the ledger still holds it.
     pub attempt: i64,
-    /// Run id stamped on written rows; kept when an attempt resumes.
+    /// Run id stamped on written rows; kept when an attempt resumes, new when
+    /// the period starts over.
     pub run_id: String,
     /// Lease owner string.
     pub owner: String,
@@ -91,7 +92,9 @@ pub struct ClaimedRun {
     pub counts: Counts,
     /// Batches already committed by this run.
     pub batches: i64,
-    /// Natural keys seen by the committed batches of this run.
+    /// Natural keys the committed batches of this run saw without writing
+    /// them (their rows were unchanged). Keys a batch wrote are known from
+    /// the table itself: those rows carry this run's id.
     pub seen: KeySet,
 }
 
@@ -290,4 +293,9 @@ mod tests {
         assert!(!holder_is_dead(Some("h2"), Some(i64::from(u32::MAX)), &me));
         assert!(!holder_is_dead(Some("h1"), Some(i64::from(me.pid)), &me));
     }
+}
+
+/// A new run id: a UUID v4 in its 32-hex-digit form.
+pub(crate) fn new_run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
 }

@@ -101,8 +101,10 @@ impl Store {
         dispatch!(self, s => s.mark_failed(lease, counts, error).await)
     }
 
-    /// Forgets a resumable checkpoint so the attempt starts the period over.
-    pub async fn restart_fresh(&self, lease: &Lease) -> Result<(), Error> {
+    /// Forgets a resumable checkpoint so the attempt starts the period over,
+    /// under a new run id (returned): rows the run wrote before must not
+    /// count as seen by the fresh start.
+    pub async fn restart_fresh(&self, lease: &Lease) -> Result<String, Error> {
         dispatch!(self, s => s.restart_fresh(lease).await)
     }
 

@@ -78,6 +78,15 @@ pub(crate) struct BatchOutcome {
     pub direct_copy_conflict: bool,
 }
 
+/// One stored row of a run key, as read when an attempt starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoredRow {
+    pub key: Hash128,
+    pub row_hash: Hash128,
+    /// The row carries this run's id: a resumed run wrote it before.
+    pub written_by_run: bool,
+}
+
 /// The run key's identity as stored in lineage columns.
 #[derive(Debug, Clone)]
 pub(crate) struct Lineage {
@@ -91,13 +100,28 @@ pub(crate) struct Lineage {
 /// One batch, ready to commit.
 pub(crate) struct BatchWrite<'a> {
     pub rows: Vec<(&'a Row, Write)>,
-    pub keys: Vec<Hash128>,
+    /// Keys of rows skipped as unchanged: seen, but not written.
+    pub skipped: Vec<Hash128>,
     pub rejects: &'a [Reject],
     pub checkpoint: &'a serde_json::Value,
     pub counts: Counts,
     pub batch_no: i64,
     /// Every row is new to the run key: try a plain `COPY` first.
     pub try_direct_copy: bool,
+}
+
+impl BatchWrite<'_> {
+    /// The keys a resumed attempt must be told were seen: a row this batch
+    /// wrote carries this run's id, so the table itself says it was seen;
+    /// rows skipped as unchanged, or left as they were by the database's
+    /// "only if different" write, do not. A first backfill usually has none.
+    pub(crate) fn keys_to_remember(&self, written: &WriteCounts) -> Vec<Hash128> {
+        let mut keys = self.skipped.clone();
+        if written.unchanged > 0 {
+            keys.extend(self.rows.iter().map(|(row, _)| row.key_hash));
+        }
+        keys
+    }
 }
 
 /// Writes the batches of one claimed run.
@@ -130,11 +154,30 @@ impl RunWriter {
             period_start: key.period.start_rfc3339(),
             period_end: key.period.end_rfc3339(),
         };
-        let mut existing = StoredHashes::new(match &store.backend {
-            Backend::Sqlite(s) => s.existing_hashes(&schema, &lineage).await?,
-            Backend::Postgres(s) => s.existing_hashes(&schema, &lineage).await?,
-        });
-        // A resumed attempt: the committed batches' keys were seen.
+        let run_id = &run.lease.run_id;
+        let stored = match &store.backend {
+            Backend::Sqlite(s) => s.existing_hashes(&schema, &lineage, run_id).await?,
+            Backend::Postgres(s) => s.existing_hashes(&schema, &lineage, run_id).await?,
+        };
+        let ours: Vec<Hash128> = stored
+            .iter()
+            .filter(|stored| stored.written_by_run)
+            .map(|stored| stored.key)
+            .collect();
+        let mut existing = StoredHashes::new(
+            stored
+                .into_iter()
+                .map(|stored| (stored.key, stored.row_hash))
+                .collect(),
+        );
+        // A resumed attempt: rows this run wrote, and the keys its committed
+        // batches remembered, were seen.
+        for key in ours {
+            if let Some(at) = existing.position(key) {
+                let hash = existing.row_hash(at);
+                existing.saw(at, hash);
+            }
+        }
         let mut seen_new = KeySet::default();
         for &key in &run.seen {
             match existing.position(key) {
@@ -196,7 +239,7 @@ impl RunWriter {
         rows_read: u64,
         checkpoint: &serde_json::Value,
     ) -> Result<(), Error> {
-        let mut unchanged = 0u64;
+        let mut skipped = Vec::new();
         let mut writes = Vec::with_capacity(rows.len());
         let positions: Vec<Option<usize>> = rows
             .iter()
@@ -204,19 +247,21 @@ impl RunWriter {
             .collect();
         for (row, at) in rows.iter().zip(&positions) {
             match at {
-                Some(at) if self.existing.row_hash(*at) == row.row_hash => unchanged += 1,
+                Some(at) if self.existing.row_hash(*at) == row.row_hash => {
+                    skipped.push(row.key_hash);
+                }
                 Some(_) => writes.push((row, Write::Update)),
                 None => writes.push((row, Write::Upsert)),
             }
         }
         let mut counts = self.counts;
         counts.rows_read += rows_read;
-        counts.rows_unchanged += unchanged;
+        counts.rows_unchanged += skipped.len() as u64;
         counts.rows_rejected += rejects.len() as u64;
         let try_direct_copy = self.direct_copy && writes.iter().all(|(_, w)| *w == Write::Upsert);
         let batch = BatchWrite {
             rows: writes,
-            keys: rows.iter().map(|r| r.key_hash).collect(),
+            skipped,
             rejects,
             checkpoint,
             counts,

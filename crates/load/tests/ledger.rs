@@ -174,10 +174,12 @@ async fn superseded_attempt_cannot_commit(postgres: bool) {
         "a crashed run resumes under the same run id"
     );
     assert_eq!(second.resume, Some(serde_json::json!({"n": 1})));
+    let resumed = store.writer(schema.clone(), &second, &key).await.unwrap();
     assert!(
-        second.seen.contains(&row(1, "one").key_hash),
+        resumed.was_seen(row(1, "one").key_hash),
         "committed keys survive the takeover"
     );
+    assert!(!resumed.was_seen(row(2, "two").key_hash));
 
     // The stalled worker wakes up: its next batch must be rolled back.
     let err = writer
@@ -445,6 +447,96 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
     db.drop_db().await;
 }
 
+/// After a crash, the resumed attempt knows every key its committed batches
+/// saw: rows they wrote (they carry the run id) and rows they skipped as
+/// unchanged (remembered in the ledger), so reconciliation deletes only
+/// what really vanished. Starting the period over takes a new run id, so
+/// nothing written before counts as seen.
+async fn resume_knows_what_committed_batches_saw(postgres: bool) {
+    let db = TestDb::new(postgres).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    let p = pipeline();
+    let schema = TableSchema::from_pipeline(&p);
+    store.ensure_table(&schema).await.unwrap();
+    let key = key(&p, "2024-01-01");
+    let delete = tidemark_load::Reconcile {
+        on_missing: tidemark_core::spec::OnMissing::Delete,
+        ..reconcile()
+    };
+    let run = claimed(store.claim(&key, &request("a")).await.unwrap());
+    let mut writer = store.writer(schema.clone(), &run, &key).await.unwrap();
+    let original = [
+        row(1, "one"),
+        row(2, "two"),
+        row(3, "three"),
+        row(4, "four"),
+    ];
+    writer
+        .write_batch(&original, &[], 4, &serde_json::json!({}))
+        .await
+        .unwrap();
+    writer.finish(&delete).await.unwrap();
+
+    // A forced re-run commits one batch (row 1 unchanged, row 2 changed), then dies.
+    let forced = ClaimRequest {
+        force: true,
+        ..request("a")
+    };
+    let run = claimed(store.claim(&key, &forced).await.unwrap());
+    let mut writer = store.writer(schema.clone(), &run, &key).await.unwrap();
+    writer
+        .write_batch(
+            &[row(1, "one"), row(2, "TWO")],
+            &[],
+            2,
+            &serde_json::json!({"n": 2}),
+        )
+        .await
+        .unwrap();
+    drop(writer);
+    expire_lease(&db.url).await;
+
+    let resumed = claimed(store.claim(&key, &request("b")).await.unwrap());
+    assert_eq!(resumed.lease.run_id, run.lease.run_id);
+    let mut writer = store.writer(schema.clone(), &resumed, &key).await.unwrap();
+    assert!(
+        writer.was_seen(row(1, "one").key_hash),
+        "skipped as unchanged"
+    );
+    assert!(
+        writer.was_seen(row(2, "TWO").key_hash),
+        "written by the run"
+    );
+    assert!(!writer.was_seen(row(3, "three").key_hash));
+
+    // Starting over takes a new run id: nothing counts as seen any more.
+    let run_id = store.restart_fresh(&resumed.lease).await.unwrap();
+    assert_ne!(run_id, resumed.lease.run_id);
+    let fresh = ClaimedRun {
+        lease: tidemark_load::Lease {
+            run_id,
+            ..resumed.lease.clone()
+        },
+        resume: None,
+        counts: Default::default(),
+        batches: 0,
+        seen: Default::default(),
+    };
+    let restarted = store.writer(schema.clone(), &fresh, &key).await.unwrap();
+    assert!(!restarted.was_seen(row(2, "TWO").key_hash));
+    drop(restarted);
+
+    // The resumed attempt reads on: row 3 comes back, row 4 has vanished.
+    writer
+        .write_batch(&[row(3, "three")], &[], 1, &serde_json::json!({"n": 3}))
+        .await
+        .unwrap();
+    let result = writer.finish(&delete).await.unwrap();
+    assert_eq!(result["rows_deleted"].as_u64(), Some(1), "{result}");
+    assert_eq!(count_rows(&db.url).await, 3, "rows 1-3 stay");
+    db.drop_db().await;
+}
+
 fn reconcile() -> tidemark_load::Reconcile {
     tidemark_load::Reconcile {
         on_missing: tidemark_core::spec::OnMissing::Keep,
@@ -500,4 +592,5 @@ both_backends!(
     key_from_another_run_key_is_taken_over,
     soft_deleted_row_that_returns_is_revived,
     stored_keys_of_every_type_read_back_unchanged,
+    resume_knows_what_committed_batches_saw,
 );

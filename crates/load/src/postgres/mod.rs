@@ -21,18 +21,20 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row as _, Transaction};
 use tidemark_core::spec::OnMissing;
 use tidemark_core::KeySet;
-use tidemark_core::{Error, Hash128, RunKey};
+use tidemark_core::{Error, RunKey};
 
 use crate::db_error::DbResultExt;
 use crate::ledger::{
-    counts_of, decide, decode_hashes, encode_hashes, Claim, ClaimRequest, ClaimedRun, Counts,
-    Decision, Lease, LedgerEntry, Snapshot,
+    counts_of, decide, decode_hashes, encode_hashes, new_run_id, Claim, ClaimRequest, ClaimedRun,
+    Counts, Decision, Lease, LedgerEntry, Snapshot,
 };
 use crate::schema::TableSchema;
 use crate::sqlite::to_i64;
 use crate::stored::StoredHashes;
 use crate::timestamp_text;
-use crate::writer::{refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile};
+use crate::writer::{
+    refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile, StoredRow,
+};
 
 /// A pool of connections to one PostgreSQL database.
 #[derive(Debug, Clone)]
@@ -148,13 +150,7 @@ impl PgStore {
                     .execute(&mut *tx)
                     .await
                     .db()?;
-                (
-                    uuid::Uuid::new_v4().simple().to_string(),
-                    Counts::default(),
-                    0,
-                    KeySet::default(),
-                    None,
-                )
+                (new_run_id(), Counts::default(), 0, KeySet::default(), None)
             }
         };
         let fresh = resume_cp.is_none();
@@ -253,23 +249,33 @@ impl PgStore {
         tx.commit().await.db()
     }
 
-    pub(crate) async fn restart_fresh(&self, lease: &Lease) -> Result<(), Error> {
+    pub(crate) async fn restart_fresh(&self, lease: &Lease) -> Result<String, Error> {
+        let run_id = new_run_id();
         let mut tx = self.pool.begin().await.db()?;
         fence(&mut tx, lease).await?;
         sqlx::query(
             "UPDATE _tm_runs SET checkpoint = NULL, batches = 0, rows_read = 0, rows_inserted = 0, rows_updated = 0,
-                    rows_unchanged = 0, rows_deleted = 0, rows_rejected = 0 WHERE id = $1",
+                    rows_unchanged = 0, rows_deleted = 0, rows_rejected = 0, run_id = $1 WHERE id = $2",
         )
+        .bind(&run_id)
         .bind(lease.run_ref)
         .execute(&mut *tx)
         .await
         .db()?;
+        sqlx::query("UPDATE _tm_attempts SET run_id = $1 WHERE run_ref = $2 AND attempt = $3")
+            .bind(&run_id)
+            .bind(lease.run_ref)
+            .bind(lease.attempt)
+            .execute(&mut *tx)
+            .await
+            .db()?;
         sqlx::query("DELETE FROM _tm_batches WHERE run_ref = $1")
             .bind(lease.run_ref)
             .execute(&mut *tx)
             .await
             .db()?;
-        tx.commit().await.db()
+        tx.commit().await.db()?;
+        Ok(run_id)
     }
 
     pub(crate) async fn status(
@@ -312,9 +318,10 @@ impl PgStore {
         &self,
         schema: &TableSchema,
         lineage: &Lineage,
-    ) -> Result<Vec<(Hash128, Hash128)>, Error> {
+        run_id: &str,
+    ) -> Result<Vec<StoredRow>, Error> {
         let mut tx = self.pool.begin().await.db()?;
-        let hashes = stored_copy::stored_hashes(&mut tx, schema, lineage).await?;
+        let hashes = stored_copy::stored_rows(&mut tx, schema, lineage, run_id).await?;
         tx.commit().await.db()?;
         Ok(hashes)
     }
@@ -338,14 +345,17 @@ impl PgStore {
         for reject in batch.rejects {
             table::insert_reject(&mut tx, lineage, &lease.run_id, reject).await?;
         }
-        sqlx::query("INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES ($1, $2, $3, $4)")
-            .bind(lease.run_ref)
-            .bind(&lease.run_id)
-            .bind(batch.batch_no)
-            .bind(encode_hashes(batch.keys.iter()))
-            .execute(&mut *tx)
-            .await
-            .db()?;
+        let remember = batch.keys_to_remember(&outcome.written);
+        if !remember.is_empty() {
+            sqlx::query("INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES ($1, $2, $3, $4)")
+                .bind(lease.run_ref)
+                .bind(&lease.run_id)
+                .bind(batch.batch_no)
+                .bind(encode_hashes(remember.iter()))
+                .execute(&mut *tx)
+                .await
+                .db()?;
+        }
         let mut counts = batch.counts;
         outcome.written.apply(&mut counts);
         save_progress(

@@ -13,23 +13,25 @@ use tidemark_core::{Error, FieldType, Hash128, Value};
 
 use crate::db_error::DbResultExt;
 use crate::schema::{quote, TableSchema, DELETED_AT};
-use crate::writer::Lineage;
+use crate::writer::{Lineage, StoredRow};
 
-/// `(key hash, row hash)` of the run key's live rows.
-pub(super) async fn stored_hashes(
+/// Key hash, row hash and "written by this run" of the run key's live rows.
+pub(super) async fn stored_rows(
     tx: &mut Transaction<'_, Postgres>,
     schema: &TableSchema,
     lineage: &Lineage,
-) -> Result<Vec<(Hash128, Hash128)>, Error> {
+    run_id: &str,
+) -> Result<Vec<StoredRow>, Error> {
     // COPY takes no bind parameters: the run key travels as settings local
     // to this transaction.
     sqlx::query(
         "SELECT set_config('tidemark.source', $1, true), set_config('tidemark.export_type', $2, true),
-                set_config('tidemark.period_start', $3, true)",
+                set_config('tidemark.period_start', $3, true), set_config('tidemark.run_id', $4, true)",
     )
     .bind(&lineage.source)
     .bind(&lineage.export_type)
     .bind(&lineage.period_start)
+    .bind(run_id)
     .execute(&mut **tx)
     .await
     .db()?;
@@ -77,7 +79,7 @@ fn copy_sql(schema: &TableSchema) -> String {
         String::new()
     };
     format!(
-        "COPY (SELECT {}, _tm_row_hash FROM {} WHERE _tm_source = current_setting('tidemark.source') \
+        "COPY (SELECT {}, _tm_row_hash, (_tm_run_id = current_setting('tidemark.run_id'))::int FROM {} WHERE _tm_source = current_setting('tidemark.source') \
          AND _tm_export_type = current_setting('tidemark.export_type') \
          AND _tm_period_start = current_setting('tidemark.period_start')::timestamptz{live}) TO STDOUT",
         keys.join(", "),
@@ -85,13 +87,14 @@ fn copy_sql(schema: &TableSchema) -> String {
     )
 }
 
-/// One `COPY` text line: key fields, then the row hash. `None` for a row
-/// hash that is not one of ours (the row is then rewritten, never skipped).
+/// One `COPY` text line: key fields, the row hash, and 1 if this run wrote
+/// the row. `None` for a row hash that is not one of ours (the row is then
+/// rewritten, never skipped).
 fn parse_line(
     schema: &TableSchema,
     types: &[FieldType],
     line: &[u8],
-) -> Result<Option<(Hash128, Hash128)>, Error> {
+) -> Result<Option<StoredRow>, Error> {
     let mut fields = line.split(|&b| b == b'\t');
     let mut values = Vec::with_capacity(types.len());
     for ((name, _), ty) in schema.key_columns().zip(types) {
@@ -103,7 +106,12 @@ fn parse_line(
         .next()
         .and_then(|f| std::str::from_utf8(f).ok())
         .and_then(Hash128::from_hex);
-    Ok(row_hash.map(|hash| (key, hash)))
+    let written_by_run = fields.next() == Some(b"1");
+    Ok(row_hash.map(|row_hash| StoredRow {
+        key,
+        row_hash,
+        written_by_run,
+    }))
 }
 
 fn key_value(table: &str, name: &str, ty: FieldType, field: &[u8]) -> Result<Value, Error> {
@@ -183,8 +191,10 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
         .unwrap();
         let schema = TableSchema::from_pipeline(&pipeline);
         let types: Vec<FieldType> = schema.key_columns().map(|(_, t)| *t).collect();
-        let line = b"a\\tb\t42\t10.50\t1\t2024-01-02\t2024-01-02T03:04:05.000000\t2024-01-02T03:04:05.123000Z\t000000000000000000000000000000ff";
-        let (key, row) = parse_line(&schema, &types, line).unwrap().unwrap();
+        let line = b"a\\tb\t42\t10.50\t1\t2024-01-02\t2024-01-02T03:04:05.000000\t2024-01-02T03:04:05.123000Z\t000000000000000000000000000000ff\t1";
+        let stored = parse_line(&schema, &types, line).unwrap().unwrap();
+        assert!(stored.written_by_run);
+        let (key, row) = (stored.key, stored.row_hash);
         let expected = [
             Value::Text("a\tb".into()),
             Value::Int(42),

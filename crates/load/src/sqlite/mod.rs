@@ -19,16 +19,18 @@ use sqlx::sqlite::{
 use sqlx::{Row as _, Sqlite, Transaction};
 use tidemark_core::spec::OnMissing;
 use tidemark_core::KeySet;
-use tidemark_core::{Error, Hash128, RunKey};
+use tidemark_core::{Error, RunKey};
 
 use crate::db_error::DbResultExt;
 use crate::ledger::{
-    counts_of, decide, decode_hashes, encode_hashes, Claim, ClaimRequest, ClaimedRun, Counts,
-    Decision, Lease, LedgerEntry, Snapshot,
+    counts_of, decide, decode_hashes, encode_hashes, new_run_id, Claim, ClaimRequest, ClaimedRun,
+    Counts, Decision, Lease, LedgerEntry, Snapshot,
 };
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
-use crate::writer::{refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile};
+use crate::writer::{
+    refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile, StoredRow,
+};
 use crate::{now_text, timestamp_text};
 
 /// A pool of connections to one SQLite file.
@@ -294,23 +296,33 @@ impl SqliteStore {
         tx.commit().await.db()
     }
 
-    pub(crate) async fn restart_fresh(&self, lease: &Lease) -> Result<(), Error> {
+    pub(crate) async fn restart_fresh(&self, lease: &Lease) -> Result<String, Error> {
+        let run_id = new_run_id();
         let mut tx = self.pool.begin().await.db()?;
         fence(&mut tx, lease).await?;
         sqlx::query(
             "UPDATE _tm_runs SET checkpoint = NULL, batches = 0, rows_read = 0, rows_inserted = 0, rows_updated = 0,
-                    rows_unchanged = 0, rows_deleted = 0, rows_rejected = 0 WHERE id = ?",
+                    rows_unchanged = 0, rows_deleted = 0, rows_rejected = 0, run_id = ? WHERE id = ?",
         )
+        .bind(&run_id)
         .bind(lease.run_ref)
         .execute(&mut *tx)
         .await
         .db()?;
+        sqlx::query("UPDATE _tm_attempts SET run_id = ? WHERE run_ref = ? AND attempt = ?")
+            .bind(&run_id)
+            .bind(lease.run_ref)
+            .bind(lease.attempt)
+            .execute(&mut *tx)
+            .await
+            .db()?;
         sqlx::query("DELETE FROM _tm_batches WHERE run_ref = ?")
             .bind(lease.run_ref)
             .execute(&mut *tx)
             .await
             .db()?;
-        tx.commit().await.db()
+        tx.commit().await.db()?;
+        Ok(run_id)
     }
 
     pub(crate) async fn status(
@@ -354,9 +366,10 @@ impl SqliteStore {
         &self,
         schema: &TableSchema,
         lineage: &Lineage,
-    ) -> Result<Vec<(Hash128, Hash128)>, Error> {
+        run_id: &str,
+    ) -> Result<Vec<StoredRow>, Error> {
         let mut conn = self.pool.acquire().await.db()?;
-        raw::with_raw(&mut conn, |c| raw::stored_hashes(c, schema, lineage)).await
+        raw::with_raw(&mut conn, |c| raw::stored_rows(c, schema, lineage, run_id)).await
     }
 
     pub(crate) async fn apply_batch(
@@ -379,16 +392,19 @@ impl SqliteStore {
         for reject in batch.rejects {
             table::insert_reject(&mut tx, lineage, &lease.run_id, reject, &loaded_at).await?;
         }
-        sqlx::query(
+        let remember = batch.keys_to_remember(&written);
+        if !remember.is_empty() {
+            sqlx::query(
             "INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES (?, ?, ?, ?)",
         )
         .bind(lease.run_ref)
         .bind(&lease.run_id)
         .bind(batch.batch_no)
-        .bind(encode_hashes(batch.keys.iter()))
+        .bind(encode_hashes(remember.iter()))
         .execute(&mut *tx)
         .await
         .db()?;
+        }
         let mut counts = batch.counts;
         written.apply(&mut counts);
         save_progress(
@@ -576,10 +592,6 @@ fn entry_of(row: &SqliteRow) -> LedgerEntry {
         lease_owner: row.get("lease_owner"),
         lease_expires_at: row.get("lease_expires_at"),
     }
-}
-
-fn new_run_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
 }
 
 /// Counts are u64 in Rust and INTEGER (i64) in SQL; no count reaches 2^63.

@@ -21,7 +21,7 @@ use super::table::{key_list, live_rows_of_run_key, Stamp};
 use crate::db_error::{raw_sqlite_error, DbResultExt};
 use crate::schema::{quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
 use crate::stored::StoredHashes;
-use crate::writer::{Lineage, Write, WriteCounts};
+use crate::writer::{Lineage, StoredRow, Write, WriteCounts};
 
 /// Runs `work` on `conn`'s raw SQLite handle. Inside a transaction, the work
 /// is part of it.
@@ -266,33 +266,44 @@ pub(super) fn write_rows(
     Ok(written)
 }
 
-/// `(key hash, row hash)` of the run key's live rows.
-pub(super) fn stored_hashes(
+/// Key hash, row hash and "written by this run" of the run key's live rows.
+pub(super) fn stored_rows(
     conn: &Connection,
     schema: &TableSchema,
     lineage: &Lineage,
-) -> Result<Vec<(Hash128, Hash128)>, Error> {
+    run_id: &str,
+) -> Result<Vec<StoredRow>, Error> {
     let sql = format!(
-        "SELECT {}, _tm_row_hash FROM {} WHERE {}",
+        "SELECT {}, _tm_row_hash, _tm_run_id = ? FROM {} WHERE {}",
         key_list(schema),
         quote(&schema.table),
         live_rows_of_run_key(schema)
     );
     let mut statement = conn.prepare(&sql).db()?;
     let mut rows = statement
-        .query((&lineage.source, &lineage.export_type, &lineage.period_start))
+        .query((
+            run_id,
+            &lineage.source,
+            &lineage.export_type,
+            &lineage.period_start,
+        ))
         .db()?;
     let hash_column = schema.key.len();
-    let mut hashes = Vec::new();
+    let mut stored = Vec::new();
     while let Some(row) = rows.next().db()? {
         let key = key_hash_of(schema, row)?;
+        let written_by_run = row.get::<_, Option<i64>>(hash_column + 1).db()? == Some(1);
         if let ValueRef::Text(hex) = row.get_ref(hash_column).db()? {
-            if let Some(hash) = std::str::from_utf8(hex).ok().and_then(Hash128::from_hex) {
-                hashes.push((key, hash));
+            if let Some(row_hash) = std::str::from_utf8(hex).ok().and_then(Hash128::from_hex) {
+                stored.push(StoredRow {
+                    key,
+                    row_hash,
+                    written_by_run,
+                });
             }
         }
     }
-    Ok(hashes)
+    Ok(stored)
 }
 
 /// The run key's live row count, and the rowids of the rows it held at the
