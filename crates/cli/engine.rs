@@ -271,7 +271,11 @@ impl Job {
             KeyMap::with_capacity_and_hasher(typed.len(), Default::default());
         for (row, origin) in typed {
             let earlier = index.get(&row.key_hash).copied();
-            if earlier.is_some() || writer.was_seen(row.key_hash) {
+            // With "last", a key seen in an earlier batch is simply written
+            // again (the later row wins), so that lookup is skipped.
+            let seen_before = load.on_duplicate_key != DuplicateKeyPolicy::Last
+                && writer.was_seen(row.key_hash);
+            if earlier.is_some() || seen_before {
                 match load.on_duplicate_key {
                     DuplicateKeyPolicy::First => continue,
                     DuplicateKeyPolicy::Error => {
