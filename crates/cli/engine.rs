@@ -273,8 +273,8 @@ impl Job {
             let earlier = index.get(&row.key_hash).copied();
             // With "last", a key seen in an earlier batch is simply written
             // again (the later row wins), so that lookup is skipped.
-            let seen_before = load.on_duplicate_key != DuplicateKeyPolicy::Last
-                && writer.was_seen(row.key_hash);
+            let seen_before =
+                load.on_duplicate_key != DuplicateKeyPolicy::Last && writer.was_seen(row.key_hash);
             if earlier.is_some() || seen_before {
                 match load.on_duplicate_key {
                     DuplicateKeyPolicy::First => continue,

@@ -154,7 +154,9 @@ impl RunWriter {
             period_start: key.period.start_rfc3339(),
             period_end: key.period.end_rfc3339(),
         };
-        let run_id = &run.lease.run_id;
+        // Only a resumed run can find rows it wrote itself; a fresh run's id
+        // is new, so the per-row comparison is skipped.
+        let run_id = (run.batches > 0).then_some(run.lease.run_id.as_str());
         let stored = match &store.backend {
             Backend::Sqlite(s) => s.existing_hashes(&schema, &lineage, run_id).await?,
             Backend::Postgres(s) => s.existing_hashes(&schema, &lineage, run_id).await?,

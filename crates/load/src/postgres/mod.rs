@@ -318,7 +318,7 @@ impl PgStore {
         &self,
         schema: &TableSchema,
         lineage: &Lineage,
-        run_id: &str,
+        run_id: Option<&str>,
     ) -> Result<Vec<StoredRow>, Error> {
         let mut tx = self.pool.begin().await.db()?;
         let hashes = stored_copy::stored_rows(&mut tx, schema, lineage, run_id).await?;

@@ -15,12 +15,13 @@ use crate::db_error::DbResultExt;
 use crate::schema::{quote, TableSchema, DELETED_AT};
 use crate::writer::{Lineage, StoredRow};
 
-/// Key hash, row hash and "written by this run" of the run key's live rows.
+/// Key hash, row hash and "written by this run" (when `run_id` is given) of
+/// the run key's live rows.
 pub(super) async fn stored_rows(
     tx: &mut Transaction<'_, Postgres>,
     schema: &TableSchema,
     lineage: &Lineage,
-    run_id: &str,
+    run_id: Option<&str>,
 ) -> Result<Vec<StoredRow>, Error> {
     // COPY takes no bind parameters: the run key travels as settings local
     // to this transaction.
@@ -31,12 +32,15 @@ pub(super) async fn stored_rows(
     .bind(&lineage.source)
     .bind(&lineage.export_type)
     .bind(&lineage.period_start)
-    .bind(run_id)
+    .bind(run_id.unwrap_or_default())
     .execute(&mut **tx)
     .await
     .db()?;
     let types: Vec<FieldType> = schema.key_columns().map(|(_, ty)| *ty).collect();
-    let mut stream = tx.copy_out_raw(&copy_sql(schema)).await.db()?;
+    let mut stream = tx
+        .copy_out_raw(&copy_sql(schema, run_id.is_some()))
+        .await
+        .db()?;
     let mut hashes = Vec::new();
     let mut pending: Vec<u8> = Vec::new();
     while let Some(chunk) = stream.try_next().await.db()? {
@@ -55,7 +59,7 @@ pub(super) async fn stored_rows(
 
 /// The `COPY` of the run key's live keys, each rendered as text that
 /// [`Value::from_canonical_text`] reads back, and their row hashes.
-fn copy_sql(schema: &TableSchema) -> String {
+fn copy_sql(schema: &TableSchema, compare_run_id: bool) -> String {
     let keys: Vec<String> = schema
         .key_columns()
         .map(|(name, ty)| {
@@ -78,8 +82,13 @@ fn copy_sql(schema: &TableSchema) -> String {
     } else {
         String::new()
     };
+    let written_by_run = if compare_run_id {
+        "(_tm_run_id = current_setting('tidemark.run_id'))::int"
+    } else {
+        "0"
+    };
     format!(
-        "COPY (SELECT {}, _tm_row_hash, (_tm_run_id = current_setting('tidemark.run_id'))::int FROM {} WHERE _tm_source = current_setting('tidemark.source') \
+        "COPY (SELECT {}, _tm_row_hash, {written_by_run} FROM {} WHERE _tm_source = current_setting('tidemark.source') \
          AND _tm_export_type = current_setting('tidemark.export_type') \
          AND _tm_period_start = current_setting('tidemark.period_start')::timestamptz{live}) TO STDOUT",
         keys.join(", "),

@@ -366,7 +366,7 @@ impl SqliteStore {
         &self,
         schema: &TableSchema,
         lineage: &Lineage,
-        run_id: &str,
+        run_id: Option<&str>,
     ) -> Result<Vec<StoredRow>, Error> {
         let mut conn = self.pool.acquire().await.db()?;
         raw::with_raw(&mut conn, |c| raw::stored_rows(c, schema, lineage, run_id)).await

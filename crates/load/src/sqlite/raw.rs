@@ -271,7 +271,7 @@ pub(super) fn stored_rows(
     conn: &Connection,
     schema: &TableSchema,
     lineage: &Lineage,
-    run_id: &str,
+    run_id: Option<&str>,
 ) -> Result<Vec<StoredRow>, Error> {
     let sql = format!(
         "SELECT {}, _tm_row_hash, _tm_run_id = ? FROM {} WHERE {}",
@@ -282,7 +282,7 @@ pub(super) fn stored_rows(
     let mut statement = conn.prepare(&sql).db()?;
     let mut rows = statement
         .query((
-            run_id,
+            run_id.unwrap_or_default(),
             &lineage.source,
             &lineage.export_type,
             &lineage.period_start,
