@@ -268,6 +268,11 @@ pub(crate) fn holder_is_dead(
     }
 }
 
+/// A new run id: a UUID v4 in its 32-hex-digit form.
+pub(crate) fn new_run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,9 +298,4 @@ mod tests {
         assert!(!holder_is_dead(Some("h2"), Some(i64::from(u32::MAX)), &me));
         assert!(!holder_is_dead(Some("h1"), Some(i64::from(me.pid)), &me));
     }
-}
-
-/// A new run id: a UUID v4 in its 32-hex-digit form.
-pub(crate) fn new_run_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
 }

@@ -289,7 +289,7 @@ async fn soft_deleted_row_that_returns_is_revived(postgres: bool) {
         on_missing: tidemark_core::spec::OnMissing::SoftDelete,
         ..reconcile()
     };
-    let all = vec![row(1, "one"), row(2, "two"), row(3, "three")];
+    let all = [row(1, "one"), row(2, "two"), row(3, "three")];
     let mut results = Vec::new();
     for (force, rows) in [(false, &all[..]), (true, &all[..2]), (true, &all[..])] {
         let request = ClaimRequest {
