@@ -266,7 +266,8 @@ impl ValueHasher {
     fn new() -> Self {
         ValueHasher {
             state: Xxh3::new(),
-            scratch: String::with_capacity(64),
+            // Grows on the first non-text value; a text-only key never allocates.
+            scratch: String::new(),
         }
     }
 

@@ -128,6 +128,9 @@ fn key_value(table: &str, name: &str, ty: FieldType, field: &[u8]) -> Result<Val
         return Ok(Value::Null);
     }
     let text = unescape(field);
+    if ty == FieldType::Text {
+        return Ok(Value::Text(text));
+    }
     Value::from_canonical_text(ty, &text).ok_or_else(|| Error::Contract {
         table: table.to_string(),
         message: format!("stored key column `{name}` holds {text:?}, which is not a valid {ty}"),
