@@ -57,6 +57,15 @@ impl TableSchema {
         self.columns.iter().map(|(_, ty)| *ty).collect()
     }
 
+    /// Appended to a run key's WHERE clause: leaves out soft-deleted rows.
+    pub(crate) fn live_only(&self) -> &'static str {
+        if self.soft_delete {
+            " AND _tm_deleted_at IS NULL" // DELETED_AT
+        } else {
+            ""
+        }
+    }
+
     /// `(name, type)` of each key column.
     pub fn key_columns(&self) -> impl Iterator<Item = &(String, FieldType)> {
         self.key.iter().map(|&i| &self.columns[i])

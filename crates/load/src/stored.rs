@@ -81,6 +81,16 @@ impl StoredHashes {
         }
     }
 
+    /// Marks a stored key as seen, its row hash unchanged; false if the run
+    /// key did not hold it.
+    pub(crate) fn mark_seen(&mut self, key: Hash128) -> bool {
+        let Some(at) = self.position(key) else {
+            return false;
+        };
+        self.saw(at, self.row_hash(at));
+        true
+    }
+
     /// Whether the run has seen the key at `position`.
     pub(crate) fn was_seen(&self, position: usize) -> bool {
         self.seen[position / 64] & (1u64 << (position % 64)) != 0

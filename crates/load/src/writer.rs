@@ -12,7 +12,7 @@ use tidemark_core::spec::OnMissing;
 use tidemark_core::KeySet;
 use tidemark_core::{Error, Hash128, Row, RunKey};
 
-use crate::ledger::{ClaimedRun, Counts, Lease};
+use crate::ledger::{encode_hashes, ClaimedRun, Counts, Lease};
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
 use crate::{Backend, Store};
@@ -111,16 +111,22 @@ pub(crate) struct BatchWrite<'a> {
 }
 
 impl BatchWrite<'_> {
-    /// The keys a resumed attempt must be told were seen: a row this batch
-    /// wrote carries this run's id, so the table itself says it was seen;
-    /// rows skipped as unchanged, or left as they were by the database's
-    /// "only if different" write, do not. A first backfill usually has none.
-    pub(crate) fn keys_to_remember(&self, written: &WriteCounts) -> Vec<Hash128> {
-        let mut keys = self.skipped.clone();
-        if written.unchanged > 0 {
-            keys.extend(self.rows.iter().map(|(row, _)| row.key_hash));
+    /// The keys a resumed attempt must be told were seen, encoded for
+    /// `_tm_batches`; `None` when there are none. A row this batch wrote
+    /// carries this run's id, so the table itself says it was seen; rows
+    /// skipped as unchanged, or left as they were by the database's "only
+    /// if different" write, do not. A first backfill usually has none.
+    pub(crate) fn remembered_keys(&self, written: &WriteCounts) -> Option<Vec<u8>> {
+        let all_written = written.unchanged == 0;
+        if all_written && self.skipped.is_empty() {
+            return None;
         }
-        keys
+        let unwritten = self.rows.iter().map(|(row, _)| &row.key_hash);
+        let keys = self
+            .skipped
+            .iter()
+            .chain(unwritten.filter(|_| !all_written));
+        Some(encode_hashes(keys))
     }
 }
 
@@ -158,8 +164,8 @@ impl RunWriter {
         // is new, so the per-row comparison is skipped.
         let run_id = (run.batches > 0).then_some(run.lease.run_id.as_str());
         let stored = match &store.backend {
-            Backend::Sqlite(s) => s.existing_hashes(&schema, &lineage, run_id).await?,
-            Backend::Postgres(s) => s.existing_hashes(&schema, &lineage, run_id).await?,
+            Backend::Sqlite(s) => s.stored_rows(&schema, &lineage, run_id).await?,
+            Backend::Postgres(s) => s.stored_rows(&schema, &lineage, run_id).await?,
         };
         let ours: Vec<Hash128> = stored
             .iter()
@@ -175,21 +181,12 @@ impl RunWriter {
         // A resumed attempt: rows this run wrote, and the keys its committed
         // batches remembered, were seen.
         for key in ours {
-            if let Some(at) = existing.position(key) {
-                let hash = existing.row_hash(at);
-                existing.saw(at, hash);
-            }
+            existing.mark_seen(key);
         }
         let mut seen_new = KeySet::default();
         for &key in &run.seen {
-            match existing.position(key) {
-                Some(at) => {
-                    let hash = existing.row_hash(at);
-                    existing.saw(at, hash);
-                }
-                None => {
-                    seen_new.insert(key);
-                }
+            if !existing.mark_seen(key) {
+                seen_new.insert(key);
             }
         }
         tracing::debug!(

@@ -25,8 +25,8 @@ use tidemark_core::{Error, RunKey};
 
 use crate::db_error::DbResultExt;
 use crate::ledger::{
-    counts_of, decide, decode_hashes, encode_hashes, new_run_id, Claim, ClaimRequest, ClaimedRun,
-    Counts, Decision, Lease, LedgerEntry, Snapshot,
+    counts_of, decide, decode_hashes, new_run_id, Claim, ClaimRequest, ClaimedRun, Counts,
+    Decision, Lease, LedgerEntry, Snapshot,
 };
 use crate::schema::TableSchema;
 use crate::sqlite::to_i64;
@@ -314,7 +314,7 @@ impl PgStore {
         Ok((attempts.rows_affected(), rejects.rows_affected()))
     }
 
-    pub(crate) async fn existing_hashes(
+    pub(crate) async fn stored_rows(
         &self,
         schema: &TableSchema,
         lineage: &Lineage,
@@ -345,13 +345,12 @@ impl PgStore {
         for reject in batch.rejects {
             table::insert_reject(&mut tx, lineage, &lease.run_id, reject).await?;
         }
-        let remember = batch.keys_to_remember(&outcome.written);
-        if !remember.is_empty() {
+        if let Some(keys) = batch.remembered_keys(&outcome.written) {
             sqlx::query("INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES ($1, $2, $3, $4)")
                 .bind(lease.run_ref)
                 .bind(&lease.run_id)
                 .bind(batch.batch_no)
-                .bind(encode_hashes(remember.iter()))
+                .bind(keys)
                 .execute(&mut *tx)
                 .await
                 .db()?;
@@ -382,7 +381,8 @@ impl PgStore {
         let mut tx = self.pool.begin().await.db()?;
         fence(&mut tx, lease).await?;
         if reconcile.on_missing != OnMissing::Keep {
-            let (live, vanished) = table::vanished_keys(&mut tx, schema, lineage, existing).await?;
+            let (live, vanished) =
+                stored_copy::vanished_keys(&mut tx, schema, lineage, existing).await?;
             if let Some(why) =
                 refuse_deletes(vanished.len() as u64, live, counts.rows_read, reconcile)
             {

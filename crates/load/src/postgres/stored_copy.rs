@@ -1,5 +1,6 @@
-//! Reads a run key's stored `(key hash, row hash)` pairs with `COPY … TO
-//! STDOUT`.
+//! Reads a run key's live rows (natural key, row hash) with `COPY … TO
+//! STDOUT`: at the start of an attempt for the stored hashes, and at the end
+//! for the rows that vanished.
 //!
 //! A re-sync starts by reading one entry per row the run key holds. Fetched
 //! as rows, sqlx decodes a message and builds a row object per entry: about
@@ -12,8 +13,20 @@ use sqlx::{Postgres, Transaction};
 use tidemark_core::{Error, FieldType, Hash128, Value};
 
 use crate::db_error::DbResultExt;
-use crate::schema::{quote, TableSchema, DELETED_AT};
+use crate::schema::{quote, TableSchema};
+use crate::stored::StoredHashes;
 use crate::writer::{Lineage, StoredRow};
+
+/// One live row of a run key, as read back.
+struct LiveRow {
+    /// The natural key, typed.
+    values: Vec<Value>,
+    key: Hash128,
+    /// `None` for a row hash that is not one of ours (the row is then
+    /// rewritten, never skipped).
+    row_hash: Option<Hash128>,
+    written_by_run: bool,
+}
 
 /// Key hash, row hash and "written by this run" (when `run_id` is given) of
 /// the run key's live rows.
@@ -23,6 +36,47 @@ pub(super) async fn stored_rows(
     lineage: &Lineage,
     run_id: Option<&str>,
 ) -> Result<Vec<StoredRow>, Error> {
+    let mut stored = Vec::new();
+    scan(tx, schema, lineage, run_id, |row| {
+        if let Some(row_hash) = row.row_hash {
+            stored.push(StoredRow {
+                key: row.key,
+                row_hash,
+                written_by_run: row.written_by_run,
+            });
+        }
+    })
+    .await?;
+    Ok(stored)
+}
+
+/// The run key's live row count, and the natural keys of the rows it held
+/// at the start that no batch of this run has seen.
+pub(super) async fn vanished_keys(
+    tx: &mut Transaction<'_, Postgres>,
+    schema: &TableSchema,
+    lineage: &Lineage,
+    existing: &StoredHashes,
+) -> Result<(u64, Vec<Vec<Value>>), Error> {
+    let (mut live, mut vanished) = (0u64, Vec::new());
+    scan(tx, schema, lineage, None, |row| {
+        live += 1;
+        if existing.vanished(row.key) {
+            vanished.push(row.values);
+        }
+    })
+    .await?;
+    Ok((live, vanished))
+}
+
+/// Streams the run key's live rows through `each`.
+async fn scan(
+    tx: &mut Transaction<'_, Postgres>,
+    schema: &TableSchema,
+    lineage: &Lineage,
+    run_id: Option<&str>,
+    mut each: impl FnMut(LiveRow),
+) -> Result<(), Error> {
     // COPY takes no bind parameters: the run key travels as settings local
     // to this transaction.
     sqlx::query(
@@ -41,20 +95,17 @@ pub(super) async fn stored_rows(
         .copy_out_raw(&copy_sql(schema, run_id.is_some()))
         .await
         .db()?;
-    let mut hashes = Vec::new();
     let mut pending: Vec<u8> = Vec::new();
     while let Some(chunk) = stream.try_next().await.db()? {
         pending.extend_from_slice(&chunk);
         let mut start = 0;
         while let Some(end) = pending[start..].iter().position(|&b| b == b'\n') {
-            if let Some(pair) = parse_line(schema, &types, &pending[start..start + end])? {
-                hashes.push(pair);
-            }
+            each(parse_line(schema, &types, &pending[start..start + end])?);
             start += end + 1;
         }
         pending.drain(..start);
     }
-    Ok(hashes)
+    Ok(())
 }
 
 /// The `COPY` of the run key's live keys, each rendered as text that
@@ -77,11 +128,7 @@ fn copy_sql(schema: &TableSchema, compare_run_id: bool) -> String {
             }
         })
         .collect();
-    let live = if schema.soft_delete {
-        format!(" AND {DELETED_AT} IS NULL")
-    } else {
-        String::new()
-    };
+    let live = schema.live_only();
     let written_by_run = if compare_run_id {
         "(_tm_run_id = current_setting('tidemark.run_id'))::int"
     } else {
@@ -97,13 +144,8 @@ fn copy_sql(schema: &TableSchema, compare_run_id: bool) -> String {
 }
 
 /// One `COPY` text line: key fields, the row hash, and 1 if this run wrote
-/// the row. `None` for a row hash that is not one of ours (the row is then
-/// rewritten, never skipped).
-fn parse_line(
-    schema: &TableSchema,
-    types: &[FieldType],
-    line: &[u8],
-) -> Result<Option<StoredRow>, Error> {
+/// the row.
+fn parse_line(schema: &TableSchema, types: &[FieldType], line: &[u8]) -> Result<LiveRow, Error> {
     let mut fields = line.split(|&b| b == b'\t');
     let mut values = Vec::with_capacity(types.len());
     for ((name, _), ty) in schema.key_columns().zip(types) {
@@ -116,11 +158,12 @@ fn parse_line(
         .and_then(|f| std::str::from_utf8(f).ok())
         .and_then(Hash128::from_hex);
     let written_by_run = fields.next() == Some(b"1");
-    Ok(row_hash.map(|row_hash| StoredRow {
+    Ok(LiveRow {
+        values,
         key,
         row_hash,
         written_by_run,
-    }))
+    })
 }
 
 fn key_value(table: &str, name: &str, ty: FieldType, field: &[u8]) -> Result<Value, Error> {
@@ -204,9 +247,9 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
         let schema = TableSchema::from_pipeline(&pipeline);
         let types: Vec<FieldType> = schema.key_columns().map(|(_, t)| *t).collect();
         let line = b"a\\tb\t42\t10.50\t1\t2024-01-02\t2024-01-02T03:04:05.000000\t2024-01-02T03:04:05.123000Z\t000000000000000000000000000000ff\t1";
-        let stored = parse_line(&schema, &types, line).unwrap().unwrap();
+        let stored = parse_line(&schema, &types, line).unwrap();
         assert!(stored.written_by_run);
-        let (key, row) = (stored.key, stored.row_hash);
+        let (key, row) = (stored.key, stored.row_hash.unwrap());
         let expected = [
             Value::Text("a\tb".into()),
             Value::Int(42),

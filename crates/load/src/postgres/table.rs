@@ -14,16 +14,14 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use futures_util::TryStreamExt;
-use sqlx::postgres::{PgPool, PgRow};
-use sqlx::{Postgres, Row as _, Transaction};
+use sqlx::postgres::PgPool;
+use sqlx::{Postgres, Transaction};
 use tidemark_core::spec::OnMissing;
-use tidemark_core::{Error, FieldType, Hash128, Row, Value};
+use tidemark_core::{Error, FieldType, Row, Value};
 
 use super::copy_binary::{encode_rows, LineageValues};
 use crate::db_error::DbResultExt;
 use crate::schema::{column_problems, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
-use crate::stored::StoredHashes;
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Reject, WriteCounts};
 
 /// The PostgreSQL type of a field type.
@@ -177,69 +175,6 @@ fn key_list(schema: &TableSchema) -> String {
         .map(|(n, _)| quote(n))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// Natural-key columns (numeric as text, so it reads back exactly) plus
-/// `extra`, for the live rows of one run key; binds source, export type and
-/// period start.
-pub(super) fn select_keys_of_run_key(schema: &TableSchema, extra: &str) -> String {
-    let keys: Vec<String> = schema
-        .key_columns()
-        .map(|(n, ty)| match ty {
-            FieldType::Decimal => format!("{}::text", quote(n)),
-            _ => quote(n),
-        })
-        .collect();
-    let live = if schema.soft_delete {
-        format!(" AND {DELETED_AT} IS NULL")
-    } else {
-        String::new()
-    };
-    format!(
-        "SELECT {}, {extra} FROM {} WHERE _tm_source = $1 AND _tm_export_type = $2 AND _tm_period_start = $3::timestamptz{live}",
-        keys.join(", "),
-        quote(&schema.table)
-    )
-}
-
-/// Reads a stored natural key back into typed values and its hash.
-pub(super) fn key_of(schema: &TableSchema, row: &PgRow) -> Result<(Hash128, Vec<Value>), Error> {
-    let mut values = Vec::with_capacity(schema.key.len());
-    for (i, (_, ty)) in schema.key_columns().enumerate() {
-        values.push(decode(row, i, *ty)?);
-    }
-    let types: Vec<FieldType> = schema.key_columns().map(|(_, t)| *t).collect();
-    let hash = tidemark_core::value::key_hash(types.iter().copied().zip(values.iter()));
-    Ok((hash, values))
-}
-
-fn decode(row: &PgRow, i: usize, ty: FieldType) -> Result<Value, Error> {
-    Ok(match ty {
-        FieldType::Int => row
-            .try_get::<Option<i64>, _>(i)
-            .db()?
-            .map_or(Value::Null, Value::Int),
-        FieldType::Bool => row
-            .try_get::<Option<bool>, _>(i)
-            .db()?
-            .map_or(Value::Null, Value::Bool),
-        FieldType::Date => row
-            .try_get::<Option<chrono::NaiveDate>, _>(i)
-            .db()?
-            .map_or(Value::Null, Value::Date),
-        FieldType::Timestamp => row
-            .try_get::<Option<chrono::NaiveDateTime>, _>(i)
-            .db()?
-            .map_or(Value::Null, Value::Timestamp),
-        FieldType::Timestamptz => row
-            .try_get::<Option<chrono::DateTime<chrono::Utc>>, _>(i)
-            .db()?
-            .map_or(Value::Null, Value::Timestamptz),
-        _ => match row.try_get::<Option<String>, _>(i).db()? {
-            None => Value::Null,
-            Some(text) => Value::from_canonical_text(ty, &text).unwrap_or(Value::Text(text)),
-        },
-    })
 }
 
 /// Lineage values stamped on every written row.
@@ -405,31 +340,6 @@ pub(super) async fn insert_reject(
     .await
     .db()?;
     Ok(())
-}
-
-/// Live rows of the run key, and the keys it held at the start that no
-/// batch of this run has seen.
-pub(super) async fn vanished_keys(
-    tx: &mut Transaction<'_, Postgres>,
-    schema: &TableSchema,
-    lineage: &Lineage,
-    existing: &StoredHashes,
-) -> Result<(u64, Vec<Vec<Value>>), Error> {
-    let sql = select_keys_of_run_key(schema, "1 AS _tm_one");
-    let mut rows = sqlx::query(&sql)
-        .bind(&lineage.source)
-        .bind(&lineage.export_type)
-        .bind(&lineage.period_start)
-        .fetch(&mut **tx);
-    let (mut live, mut vanished) = (0u64, Vec::new());
-    while let Some(row) = rows.try_next().await.db()? {
-        live += 1;
-        let (hash, values) = key_of(schema, &row)?;
-        if existing.vanished(hash) {
-            vanished.push(values);
-        }
-    }
-    Ok((live, vanished))
 }
 
 /// Deletes (or soft-deletes) rows of the run key by natural key, joining

@@ -23,8 +23,8 @@ use tidemark_core::{Error, RunKey};
 
 use crate::db_error::DbResultExt;
 use crate::ledger::{
-    counts_of, decide, decode_hashes, encode_hashes, new_run_id, Claim, ClaimRequest, ClaimedRun,
-    Counts, Decision, Lease, LedgerEntry, Snapshot,
+    counts_of, decide, decode_hashes, new_run_id, Claim, ClaimRequest, ClaimedRun, Counts,
+    Decision, Lease, LedgerEntry, Snapshot,
 };
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
@@ -362,7 +362,7 @@ impl SqliteStore {
         Ok((attempts.rows_affected(), rejects.rows_affected()))
     }
 
-    pub(crate) async fn existing_hashes(
+    pub(crate) async fn stored_rows(
         &self,
         schema: &TableSchema,
         lineage: &Lineage,
@@ -392,18 +392,15 @@ impl SqliteStore {
         for reject in batch.rejects {
             table::insert_reject(&mut tx, lineage, &lease.run_id, reject, &loaded_at).await?;
         }
-        let remember = batch.keys_to_remember(&written);
-        if !remember.is_empty() {
-            sqlx::query(
-            "INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES (?, ?, ?, ?)",
-        )
-        .bind(lease.run_ref)
-        .bind(&lease.run_id)
-        .bind(batch.batch_no)
-        .bind(encode_hashes(remember.iter()))
-        .execute(&mut *tx)
-        .await
-        .db()?;
+        if let Some(keys) = batch.remembered_keys(&written) {
+            sqlx::query("INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES (?, ?, ?, ?)")
+                .bind(lease.run_ref)
+                .bind(&lease.run_id)
+                .bind(batch.batch_no)
+                .bind(keys)
+                .execute(&mut *tx)
+                .await
+                .db()?;
         }
         let mut counts = batch.counts;
         written.apply(&mut counts);

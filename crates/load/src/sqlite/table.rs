@@ -157,11 +157,7 @@ pub(super) fn key_list(schema: &TableSchema) -> String {
 /// The WHERE clause selecting the live rows of one run key; binds source,
 /// export type and period start.
 pub(super) fn live_rows_of_run_key(schema: &TableSchema) -> String {
-    let live = if schema.soft_delete {
-        format!(" AND {DELETED_AT} IS NULL")
-    } else {
-        String::new()
-    };
+    let live = schema.live_only();
     format!("_tm_source = ? AND _tm_export_type = ? AND _tm_period_start = ?{live}")
 }
 
