@@ -250,13 +250,7 @@ async fn key_from_another_run_key_is_taken_over(postgres: bool) {
         ("2024-01-02", vec![row(2, "two"), row(3, "three")]),
     ] {
         let key = key(&p, day);
-        let run = claimed(store.claim(&key, &request("a")).await.unwrap());
-        let mut writer = store.writer(schema.clone(), &run, &key).await.unwrap();
-        writer
-            .write_batch(&rows, &[], 2, &serde_json::json!({}))
-            .await
-            .unwrap();
-        let result = writer.finish(&reconcile()).await.unwrap();
+        let result = load_once(&store, &schema, &key, &request("a"), &rows, &reconcile()).await;
         if day == "2024-01-02" {
             assert_eq!(
                 (
@@ -296,14 +290,7 @@ async fn soft_deleted_row_that_returns_is_revived(postgres: bool) {
             force,
             ..request("a")
         };
-        let run = claimed(store.claim(&key, &request).await.unwrap());
-        let mut writer = store.writer(schema.clone(), &run, &key).await.unwrap();
-        let read = rows.len() as u64;
-        writer
-            .write_batch(rows, &[], read, &serde_json::json!({}))
-            .await
-            .unwrap();
-        let result = writer.finish(&soft_delete).await.unwrap();
+        let result = load_once(&store, &schema, &key, &request, rows, &soft_delete).await;
         let counts: Vec<Option<u64>> = [
             "rows_inserted",
             "rows_updated",
@@ -463,19 +450,13 @@ async fn resume_knows_what_committed_batches_saw(postgres: bool) {
         on_missing: tidemark_core::spec::OnMissing::Delete,
         ..reconcile()
     };
-    let run = claimed(store.claim(&key, &request("a")).await.unwrap());
-    let mut writer = store.writer(schema.clone(), &run, &key).await.unwrap();
     let original = [
         row(1, "one"),
         row(2, "two"),
         row(3, "three"),
         row(4, "four"),
     ];
-    writer
-        .write_batch(&original, &[], 4, &serde_json::json!({}))
-        .await
-        .unwrap();
-    writer.finish(&delete).await.unwrap();
+    load_once(&store, &schema, &key, &request("a"), &original, &delete).await;
 
     // A forced re-run commits one batch (row 1 unchanged, row 2 changed), then dies.
     let forced = ClaimRequest {
@@ -535,6 +516,25 @@ async fn resume_knows_what_committed_batches_saw(postgres: bool) {
     assert_eq!(result["rows_deleted"].as_u64(), Some(1), "{result}");
     assert_eq!(count_rows(&db.url).await, 3, "rows 1-3 stay");
     db.drop_db().await;
+}
+
+/// Claims the run key, writes `rows` as one batch and finishes: the result.
+async fn load_once(
+    store: &Store,
+    schema: &TableSchema,
+    key: &RunKey,
+    request: &ClaimRequest,
+    rows: &[Row],
+    reconcile: &tidemark_load::Reconcile,
+) -> serde_json::Value {
+    let run = claimed(store.claim(key, request).await.unwrap());
+    let mut writer = store.writer(schema.clone(), &run, key).await.unwrap();
+    let read = rows.len() as u64;
+    writer
+        .write_batch(rows, &[], read, &serde_json::json!({}))
+        .await
+        .unwrap();
+    writer.finish(reconcile).await.unwrap()
 }
 
 fn reconcile() -> tidemark_load::Reconcile {

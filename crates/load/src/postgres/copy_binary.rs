@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use sqlx::encode::IsNull;
 use sqlx::postgres::PgArgumentBuffer;
 use sqlx::{Encode, Postgres};
-use tidemark_core::{Error, Row, Value};
+use tidemark_core::{Error, FieldType, Row, Value};
 
 use crate::writer::Write;
 
@@ -31,7 +31,7 @@ const SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
 /// `COPY` stream, header and trailer included.
 pub(super) fn encode_rows(
     rows: &[(&Row, Write)],
-    names: &[String],
+    columns: &[(String, FieldType)],
     lineage: &LineageValues<'_>,
 ) -> Result<Vec<u8>, Error> {
     let mut buf = PgArgumentBuffer::default();
@@ -43,7 +43,7 @@ pub(super) fn encode_rows(
     let mut hex = String::with_capacity(32);
     for (row, _) in rows {
         buf.extend_from_slice(&fields.to_be_bytes());
-        for (value, name) in row.values.iter().zip(names) {
+        for (value, (name, _)) in row.values.iter().zip(columns) {
             encode_value(&mut buf, value, name)?;
         }
         hex.clear();

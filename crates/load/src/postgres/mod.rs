@@ -333,13 +333,12 @@ impl PgStore {
         lineage: &Lineage,
         batch: &BatchWrite<'_>,
     ) -> Result<BatchOutcome, Error> {
-        let loaded_at = timestamp_text(Utc::now());
         let mut tx = self.pool.begin().await.db()?;
         fence(&mut tx, lease).await?;
         let stamp = table::Stamp {
             lineage,
             run_id: &lease.run_id,
-            loaded_at: &loaded_at,
+            loaded_at: Utc::now(),
         };
         let outcome = table::write_rows(&mut tx, schema, &stamp, batch).await?;
         for reject in batch.rejects {

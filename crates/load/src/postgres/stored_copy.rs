@@ -218,33 +218,17 @@ mod tests {
 
     #[test]
     fn parses_keys_of_every_key_type_as_the_transform_hashes_them() {
-        let pipeline = tidemark_core::Pipeline::parse(
-            r#"
-name = "p"
-export_type = "e"
-[period]
-granularity = "day"
-[[sources]]
-id = "s"
-transport = "file"
-format = "csv"
-path = "x.csv"
-[fields]
-t = { type = "text", required = true }
-n = { type = "int", required = true }
-d = { type = "decimal", required = true }
-b = { type = "bool", required = true }
-day = { type = "date", required = true }
-ts = { type = "timestamp", required = true }
-tz = { type = "timestamptz", required = true }
-[load]
-table = "items"
-key = ["t", "n", "d", "b", "day", "ts", "tz"]
-"#,
-            std::path::Path::new("p.toml"),
-        )
-        .unwrap();
-        let schema = TableSchema::from_pipeline(&pipeline);
+        use FieldType::*;
+        let columns = [Text, Int, Decimal, Bool, Date, Timestamp, Timestamptz];
+        let schema = TableSchema {
+            table: "items".into(),
+            columns: columns
+                .iter()
+                .map(|ty| (ty.name().to_string(), *ty))
+                .collect(),
+            key: (0..columns.len()).collect(),
+            soft_delete: false,
+        };
         let types: Vec<FieldType> = schema.key_columns().map(|(_, t)| *t).collect();
         let line = b"a\\tb\t42\t10.50\t1\t2024-01-02\t2024-01-02T03:04:05.000000\t2024-01-02T03:04:05.123000Z\t000000000000000000000000000000ff\t1";
         let stored = parse_line(&schema, &types, line).unwrap();

@@ -181,7 +181,7 @@ fn key_list(schema: &TableSchema) -> String {
 pub(super) struct Stamp<'a> {
     pub lineage: &'a Lineage,
     pub run_id: &'a str,
-    pub loaded_at: &'a str,
+    pub loaded_at: DateTime<Utc>,
 }
 
 /// The batch in binary `COPY` encoding: values, then lineage columns.
@@ -190,20 +190,18 @@ fn copy_data(
     rows: &[(&Row, crate::writer::Write)],
     stamp: &Stamp<'_>,
 ) -> Result<Vec<u8>, Error> {
-    let instant = |text: &str| {
-        DateTime::parse_from_rfc3339(text)
-            .map(|t| t.with_timezone(&Utc))
-            .map_err(|e| Error::Invariant(format!("lineage time {text:?} is not RFC 3339: {e}")))
-    };
+    let period_start = &stamp.lineage.period_start;
+    let period_start = DateTime::parse_from_rfc3339(period_start)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| Error::Invariant(format!("period start {period_start:?}: {e}")))?;
     let lineage = LineageValues {
         source: &stamp.lineage.source,
         export_type: &stamp.lineage.export_type,
-        period_start: instant(&stamp.lineage.period_start)?,
+        period_start,
         run_id: stamp.run_id,
-        loaded_at: instant(stamp.loaded_at)?,
+        loaded_at: stamp.loaded_at,
     };
-    let names: Vec<String> = schema.columns.iter().map(|(n, _)| n.clone()).collect();
-    encode_rows(rows, &names, &lineage)
+    encode_rows(rows, &schema.columns, &lineage)
 }
 
 fn column_list(schema: &TableSchema) -> String {

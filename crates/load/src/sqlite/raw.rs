@@ -222,39 +222,20 @@ pub(super) fn write_rows(
     rows: &[(&Row, Write)],
 ) -> Result<WriteCounts, Error> {
     let mut insert = RowStatement::prepare(conn, &insert_sql(schema), schema, stamp)?;
-    let mut update = None;
-    let mut update_if_different = None;
+    let mut update = RowStatement::prepare(conn, &update_sql(schema, false), schema, stamp)?;
+    let mut update_if_different =
+        RowStatement::prepare(conn, &update_sql(schema, true), schema, stamp)?;
     let mut written = WriteCounts::default();
     let mut scratch = String::new();
     for (row, write) in rows {
-        if *write == Write::Update {
-            let update = match &mut update {
-                Some(statement) => statement,
-                None => update.insert(RowStatement::prepare(
-                    conn,
-                    &update_sql(schema, false),
-                    schema,
-                    stamp,
-                )?),
-            };
-            if update.execute(row, &mut scratch).db()? == 1 {
-                written.updated += 1;
-                continue;
-            }
+        if *write == Write::Update && update.execute(row, &mut scratch).db()? == 1 {
+            written.updated += 1;
+            continue;
         }
         match insert.execute(row, &mut scratch) {
             Ok(_) => written.inserted += 1,
             Err(e) if is_unique_violation(&e) => {
-                let update = match &mut update_if_different {
-                    Some(statement) => statement,
-                    None => update_if_different.insert(RowStatement::prepare(
-                        conn,
-                        &update_sql(schema, true),
-                        schema,
-                        stamp,
-                    )?),
-                };
-                if update.execute(row, &mut scratch).db()? == 1 {
+                if update_if_different.execute(row, &mut scratch).db()? == 1 {
                     written.updated += 1;
                 } else {
                     written.unchanged += 1;
@@ -266,15 +247,65 @@ pub(super) fn write_rows(
     Ok(written)
 }
 
-/// Key hash, row hash and "written by this run" of the run key's live rows.
+/// Key hash, row hash and "written by this run" (when `run_id` is given) of
+/// the run key's live rows.
 pub(super) fn stored_rows(
     conn: &Connection,
     schema: &TableSchema,
     lineage: &Lineage,
     run_id: Option<&str>,
 ) -> Result<Vec<StoredRow>, Error> {
+    let mut stored = Vec::new();
+    scan(conn, schema, lineage, run_id, |key, row| {
+        if let Some(row_hash) = row.row_hash {
+            stored.push(StoredRow {
+                key,
+                row_hash,
+                written_by_run: row.written_by_run,
+            });
+        }
+    })?;
+    Ok(stored)
+}
+
+/// The run key's live row count, and the rowids of the rows it held at the
+/// start whose natural key no batch of this run has seen.
+pub(super) fn vanished_rows(
+    conn: &Connection,
+    schema: &TableSchema,
+    lineage: &Lineage,
+    existing: &StoredHashes,
+) -> Result<(u64, Vec<i64>), Error> {
+    let (mut live, mut vanished) = (0u64, Vec::new());
+    scan(conn, schema, lineage, None, |key, row| {
+        live += 1;
+        if existing.vanished(key) {
+            vanished.push(row.rowid);
+        }
+    })?;
+    Ok((live, vanished))
+}
+
+/// What a live row holds besides its natural key.
+struct LiveRow {
+    /// `None` for a row hash that is not one of ours (the row is then
+    /// rewritten, never skipped).
+    row_hash: Option<Hash128>,
+    written_by_run: bool,
+    rowid: i64,
+}
+
+/// Calls `each` with the key hash and the rest of every live row of the
+/// run key.
+fn scan(
+    conn: &Connection,
+    schema: &TableSchema,
+    lineage: &Lineage,
+    run_id: Option<&str>,
+    mut each: impl FnMut(Hash128, LiveRow),
+) -> Result<(), Error> {
     let sql = format!(
-        "SELECT {}, _tm_row_hash, _tm_run_id = ? FROM {} WHERE {}",
+        "SELECT {}, _tm_row_hash, _tm_run_id = ?, rowid FROM {} WHERE {}",
         key_list(schema),
         quote(&schema.table),
         live_rows_of_run_key(schema)
@@ -289,50 +320,19 @@ pub(super) fn stored_rows(
         ))
         .db()?;
     let hash_column = schema.key.len();
-    let mut stored = Vec::new();
     while let Some(row) = rows.next().db()? {
-        let key = key_hash_of(schema, row)?;
-        let written_by_run = row.get::<_, Option<i64>>(hash_column + 1).db()? == Some(1);
-        if let ValueRef::Text(hex) = row.get_ref(hash_column).db()? {
-            if let Some(row_hash) = std::str::from_utf8(hex).ok().and_then(Hash128::from_hex) {
-                stored.push(StoredRow {
-                    key,
-                    row_hash,
-                    written_by_run,
-                });
-            }
-        }
+        let row_hash = match row.get_ref(hash_column).db()? {
+            ValueRef::Text(hex) => std::str::from_utf8(hex).ok().and_then(Hash128::from_hex),
+            _ => None,
+        };
+        let live = LiveRow {
+            row_hash,
+            written_by_run: row.get::<_, Option<i64>>(hash_column + 1).db()? == Some(1),
+            rowid: row.get(hash_column + 2).db()?,
+        };
+        each(key_hash_of(schema, row)?, live);
     }
-    Ok(stored)
-}
-
-/// The run key's live row count, and the rowids of the rows it held at the
-/// start whose natural key no batch of this run has seen.
-pub(super) fn vanished_rows(
-    conn: &Connection,
-    schema: &TableSchema,
-    lineage: &Lineage,
-    existing: &StoredHashes,
-) -> Result<(u64, Vec<i64>), Error> {
-    let sql = format!(
-        "SELECT {}, rowid FROM {} WHERE {}",
-        key_list(schema),
-        quote(&schema.table),
-        live_rows_of_run_key(schema)
-    );
-    let mut statement = conn.prepare(&sql).db()?;
-    let mut rows = statement
-        .query((&lineage.source, &lineage.export_type, &lineage.period_start))
-        .db()?;
-    let rowid_column = schema.key.len();
-    let (mut live, mut vanished) = (0u64, Vec::new());
-    while let Some(row) = rows.next().db()? {
-        live += 1;
-        if existing.vanished(key_hash_of(schema, row)?) {
-            vanished.push(row.get::<_, i64>(rowid_column).db()?);
-        }
-    }
-    Ok((live, vanished))
+    Ok(())
 }
 
 /// Reads a stored natural key (the first columns of `row`) back into typed
