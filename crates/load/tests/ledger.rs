@@ -594,3 +594,38 @@ both_backends!(
     stored_keys_of_every_type_read_back_unchanged,
     resume_knows_what_committed_batches_saw,
 );
+
+/// Two schedulers and a `status` started together on a new SQLite file:
+/// the first switches the file to WAL while the others open it. Opening a
+/// file not yet in WAL while another connection holds its write lock made
+/// SQLite refuse at once ("database is locked", no busy wait), which failed
+/// `status` in CI; opening now waits for the writer. This holds the write
+/// lock on a rollback-journal file for half a second to make the race
+/// certain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_open_waits_for_a_writer_on_a_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+    let mut writer = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    execute_on(&mut writer, "CREATE TABLE first_writer (a INTEGER)").await;
+    execute_on(&mut writer, "BEGIN IMMEDIATE").await;
+    execute_on(&mut writer, "INSERT INTO first_writer VALUES (1)").await;
+    let open = tokio::spawn({
+        let url = url.clone();
+        async move { Store::connect(&url).await.map(|_| ()) }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!open.is_finished(), "opening must wait for the writer");
+    execute_on(&mut writer, "COMMIT").await;
+    let opened = open.await.unwrap();
+    assert!(opened.is_ok(), "{opened:?}");
+    assert_eq!(
+        scalar(&url, "SELECT count(*) FROM first_writer").await,
+        1,
+        "the writer's row survived"
+    );
+}
+
+async fn execute_on(conn: &mut sqlx::SqliteConnection, sql: &str) {
+    sqlx::query(sql).execute(conn).await.unwrap();
+}

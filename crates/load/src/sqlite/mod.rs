@@ -33,6 +33,44 @@ use crate::writer::{
 };
 use crate::{now_text, timestamp_text};
 
+/// How long opening waits for a busy file, as long as the busy timeout.
+const OPEN_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Opens the pool, waiting while another process holds the file.
+///
+/// The busy timeout covers almost every lock wait, but not one: a file
+/// not yet in WAL mode (just created by another `tidemark`) is switched to
+/// WAL by a read of its header followed by a write, and SQLite refuses that
+/// upgrade at once with `SQLITE_BUSY` when another connection holds the
+/// write lock, because waiting inside it could deadlock. Two schedulers and
+/// a `status` started together on a new file hit exactly that, so opening
+/// is retried with bounded, jittered backoff while the error is a busy one.
+async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, Error> {
+    let policy = tidemark_core::spec::RetryPolicy {
+        max_attempts: u32::MAX,
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(500),
+    };
+    let deadline = tokio::time::Instant::now() + OPEN_DEADLINE;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let opened = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(120))
+            .connect_with(options.clone())
+            .await
+            .db();
+        match opened {
+            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, attempt, "database busy while opening; trying again");
+                tokio::time::sleep(policy.delay(attempt, None, rand::random::<f64>())).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A pool of connections to one SQLite file.
 #[derive(Debug, Clone)]
 pub(crate) struct SqliteStore {
@@ -61,12 +99,7 @@ impl SqliteStore {
             .foreign_keys(true)
             .pragma("cache_size", "-16384")
             .pragma("wal_autocheckpoint", "10000");
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(120))
-            .connect_with(options)
-            .await
-            .db()?;
+        let pool = open_pool(options).await?;
         let store = SqliteStore { pool };
         store.migrate().await?;
         Ok(store)
