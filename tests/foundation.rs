@@ -37,6 +37,7 @@ backend_tests! {
     rejects_within_max_rejects_are_kept: rejects_within_max_rejects_are_kept_sqlite, rejects_within_max_rejects_are_kept_postgres;
     rejects_over_max_rejects_fail_the_period: rejects_over_max_rejects_fail_the_period_sqlite, rejects_over_max_rejects_fail_the_period_postgres;
     rejects_over_max_keep_earlier_batches_then_recover: rejects_over_max_keep_earlier_batches_then_recover_sqlite, rejects_over_max_keep_earlier_batches_then_recover_postgres;
+    nul_character_in_text_is_a_reject: nul_character_in_text_is_a_reject_sqlite, nul_character_in_text_is_a_reject_postgres;
     validate_checks_files_and_touches_no_database: validate_checks_files_and_touches_no_database_sqlite, validate_checks_files_and_touches_no_database_postgres;
     backfill_with_concurrency_loads_the_same: backfill_with_concurrency_loads_the_same_sqlite, backfill_with_concurrency_loads_the_same_postgres;
     period_is_named_by_any_time_inside_it: period_is_named_by_any_time_inside_it_sqlite, period_is_named_by_any_time_inside_it_postgres;
@@ -1201,6 +1202,45 @@ async fn rejects_over_max_rejects_fail_the_period(backend: Backend) {
         "nothing of the failing batch is committed"
     );
     assert_eq!(env.db.count("FROM _tm_rejects").await, 0, "nor its rejects");
+}
+
+/// PostgreSQL cannot store U+0000 in text: such a value is a reject on
+/// both databases (one pipeline, one behaviour), named by row, field and
+/// value; the reject itself is kept (on PostgreSQL with the NUL written as
+/// the visible `\u0000`), and the other rows load.
+async fn nul_character_in_text_is_a_reject(backend: Backend) {
+    let env = Env::orders(backend).await;
+    env.set_option("orders", "load", "max_rejects", "1");
+    let mut csv = Csv::read(&day_csv(&env, 9));
+    csv.set("O-20240109-004", "note", "before\0after");
+    csv.write(&day_csv(&env, 9));
+
+    let out = env.tidemark(&["run", "orders", "--period", "2024-01-09"]);
+    out.expect_code(0, "one NUL row with max_rejects = 1");
+    assert_counts(&ledger(&env, 9), [20, 19, 0, 0, 0, 1], "one reject");
+    assert_eq!(
+        count_orders(&env.db, "order_id = 'O-20240109-004'").await,
+        0
+    );
+    let rejects = env
+        .db
+        .select(&["field", "value", "location"], "FROM _tm_rejects")
+        .await;
+    assert_eq!(rejects.len(), 1, "{rejects:?}");
+    assert_eq!(rejects[0][0].as_deref(), Some("note"));
+    let value = rejects[0][1].clone().unwrap_or_default();
+    assert_eq!(value.replace("\\u0000", "\0"), "before\0after", "{value:?}");
+    assert!(rejects[0][2]
+        .as_deref()
+        .is_some_and(|l| l.contains("line 5")));
+
+    env.set_option("orders", "load", "max_rejects", "0");
+    let out = env.tidemark(&["run", "orders", "--period", "2024-01-09", "--force"]);
+    out.expect_code(1, "the same row with max_rejects = 0");
+    for named in ["orders.csv", "line 5", "`note`", "NUL", "before\\0after"] {
+        assert!(out.stderr.contains(named), "stderr names {named}\n{out}");
+    }
+    assert_eq!(count_orders(&env.db, "1 = 1").await, 19, "nothing lost");
 }
 
 /// With `batch_size = 5`, the third bad row is in batch 3: batches 1 and 2

@@ -120,7 +120,20 @@ pub(crate) struct Parser {
 impl Parser {
     /// Types a present raw value. JSON numbers and booleans are read as
     /// their JSON text, so `5`, `"5"` and a CSV `5` all follow one rule.
+    ///
+    /// Text and JSON holding a NUL character (U+0000) are refused on every
+    /// backend: PostgreSQL cannot store one in `text` or `jsonb`, and a
+    /// pipeline must not start failing when it moves from SQLite to
+    /// PostgreSQL.
     pub(crate) fn parse(&self, raw: Raw<'_>) -> Result<Value, String> {
+        let value = self.read(raw)?;
+        if holds_nul(&value) {
+            return Err("contains a NUL character (U+0000), which PostgreSQL cannot store".into());
+        }
+        Ok(value)
+    }
+
+    fn read(&self, raw: Raw<'_>) -> Result<Value, String> {
         use serde_json::Value as J;
         match raw {
             Raw::Json(v) if self.ty == FieldType::Json => Ok(Value::Json(v.clone())),
@@ -193,6 +206,24 @@ impl Parser {
                 localise(naive, self.tz)
             }
         }
+    }
+}
+
+/// Whether a text or JSON value contains U+0000 anywhere (JSON: in any
+/// string or object key).
+fn holds_nul(value: &Value) -> bool {
+    fn json(v: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::String(s) => s.contains('\0'),
+            serde_json::Value::Array(items) => items.iter().any(json),
+            serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || json(v)),
+            _ => false,
+        }
+    }
+    match value {
+        Value::Text(s) => s.contains('\0'),
+        Value::Json(v) => json(v),
+        _ => false,
     }
 }
 
@@ -384,6 +415,20 @@ mod tests {
         ] {
             assert!(!is_plain_number(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn nul_characters_are_refused_in_text_and_json() {
+        for refused in [
+            text(FieldType::Text, "a\0b"),
+            text(FieldType::Json, r#"{"k": "a\u0000b"}"#),
+            json(FieldType::Json, json!({"k": ["x", "a\u{0}b"]})),
+            json(FieldType::Json, json!({"a\u{0}": 1})),
+            json(FieldType::Text, json!("a\u{0}b")),
+        ] {
+            assert!(refused.unwrap_err().contains("NUL character"));
+        }
+        assert!(text(FieldType::Json, r#"{"k": "a\\u0000b"}"#).is_ok());
     }
 
     #[test]

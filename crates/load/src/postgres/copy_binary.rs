@@ -12,8 +12,9 @@ use chrono::{DateTime, Utc};
 use sqlx::encode::IsNull;
 use sqlx::postgres::PgArgumentBuffer;
 use sqlx::{Encode, Postgres};
-use tidemark_core::{Error, FieldType, Row, Value};
+use tidemark_core::{Error, Row, Value};
 
+use crate::schema::TableSchema;
 use crate::writer::Write;
 
 /// The lineage values every row of a batch carries, already typed.
@@ -31,7 +32,7 @@ const SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
 /// `COPY` stream, header and trailer included.
 pub(super) fn encode_rows(
     rows: &[(&Row, Write)],
-    columns: &[(String, FieldType)],
+    schema: &TableSchema,
     lineage: &LineageValues<'_>,
 ) -> Result<Vec<u8>, Error> {
     let mut buf = PgArgumentBuffer::default();
@@ -39,47 +40,61 @@ pub(super) fn encode_rows(
     buf.extend_from_slice(&0i32.to_be_bytes()); // flags: no OIDs
     buf.extend_from_slice(&0i32.to_be_bytes()); // no header extension
     let fields = rows.first().map_or(0, |(row, _)| row.values.len()) + 6;
-    let fields = i16::try_from(fields).map_err(|_| encode_error("", "too many columns"))?;
+    let fields = i16::try_from(fields).map_err(|_| Error::Database {
+        message: format!("table {} has too many columns for COPY", schema.table),
+        transient: false,
+    })?;
     let mut hex = String::with_capacity(32);
     for (row, _) in rows {
         buf.extend_from_slice(&fields.to_be_bytes());
-        for (value, (name, _)) in row.values.iter().zip(columns) {
-            encode_value(&mut buf, value, name)?;
+        for (value, (name, _)) in row.values.iter().zip(&schema.columns) {
+            encode_value(&mut buf, value).map_err(|why| encode_error(schema, row, name, why))?;
         }
         hex.clear();
         use std::fmt::Write as _;
         let _ = write!(hex, "{:032x}", row.row_hash.0);
-        field(&mut buf, "_tm_source", &lineage.source)?;
-        field(&mut buf, "_tm_export_type", &lineage.export_type)?;
-        field(&mut buf, "_tm_period_start", &lineage.period_start)?;
-        field(&mut buf, "_tm_run_id", &lineage.run_id)?;
-        field(&mut buf, "_tm_row_hash", &hex.as_str())?;
-        field(&mut buf, "_tm_loaded_at", &lineage.loaded_at)?;
+        encode_lineage(&mut buf, lineage, &hex)
+            .map_err(|(name, why)| encode_error(schema, row, name, why))?;
     }
     buf.extend_from_slice(&(-1i16).to_be_bytes());
     Ok(std::mem::take(&mut *buf))
 }
 
-fn encode_value(buf: &mut PgArgumentBuffer, value: &Value, name: &str) -> Result<(), Error> {
+fn encode_lineage(
+    buf: &mut PgArgumentBuffer,
+    lineage: &LineageValues<'_>,
+    row_hash_hex: &str,
+) -> Result<(), (&'static str, String)> {
+    let named = |name: &'static str| move |why: String| (name, why);
+    field(buf, &lineage.source).map_err(named("_tm_source"))?;
+    field(buf, &lineage.export_type).map_err(named("_tm_export_type"))?;
+    field(buf, &lineage.period_start).map_err(named("_tm_period_start"))?;
+    field(buf, &lineage.run_id).map_err(named("_tm_run_id"))?;
+    field(buf, &row_hash_hex).map_err(named("_tm_row_hash"))?;
+    field(buf, &lineage.loaded_at).map_err(named("_tm_loaded_at"))
+}
+
+/// One value in its column's binary form; the error says why not.
+fn encode_value(buf: &mut PgArgumentBuffer, value: &Value) -> Result<(), String> {
     match value {
         Value::Null => {
             buf.extend_from_slice(&(-1i32).to_be_bytes());
             Ok(())
         }
-        Value::Text(s) => field(buf, name, &s.as_str()),
-        Value::Int(i) => field(buf, name, i),
-        Value::Float(f) => field(buf, name, f),
-        Value::Decimal(d) => field(buf, name, d),
-        Value::Bool(b) => field(buf, name, b),
-        Value::Date(d) => field(buf, name, d),
-        Value::Timestamp(t) => field(buf, name, t),
-        Value::Timestamptz(t) => field(buf, name, t),
+        Value::Text(s) => field(buf, &s.as_str()),
+        Value::Int(i) => field(buf, i),
+        Value::Float(f) => field(buf, f),
+        Value::Decimal(d) => field(buf, d),
+        Value::Bool(b) => field(buf, b),
+        Value::Date(d) => field(buf, d),
+        Value::Timestamp(t) => field(buf, t),
+        Value::Timestamptz(t) => field(buf, t),
         Value::Json(_) => {
             // jsonb's binary form: version 1, then the JSON text.
             let mut text = String::new();
             value.write_canonical(&mut text);
             let len = i32::try_from(text.len() + 1)
-                .map_err(|_| encode_error(name, "JSON value too large"))?;
+                .map_err(|_| "JSON value too large for COPY".to_string())?;
             buf.extend_from_slice(&len.to_be_bytes());
             buf.push(1);
             buf.extend_from_slice(text.as_bytes());
@@ -89,30 +104,112 @@ fn encode_value(buf: &mut PgArgumentBuffer, value: &Value, name: &str) -> Result
 }
 
 /// One field: its length, then the value as sqlx encodes it.
-fn field<'q, T: Encode<'q, Postgres>>(
-    buf: &mut PgArgumentBuffer,
-    name: &str,
-    value: &T,
-) -> Result<(), Error> {
+fn field<'q, T: Encode<'q, Postgres>>(buf: &mut PgArgumentBuffer, value: &T) -> Result<(), String> {
     let at = buf.len();
     buf.extend_from_slice(&0i32.to_be_bytes());
-    let null = value
-        .encode_by_ref(buf)
-        .map_err(|e| encode_error(name, &e.to_string()))?;
+    let null = value.encode_by_ref(buf).map_err(|e| e.to_string())?;
     if matches!(null, IsNull::Yes) {
         buf.truncate(at);
         buf.extend_from_slice(&(-1i32).to_be_bytes());
         return Ok(());
     }
-    let len = i32::try_from(buf.len() - at - 4)
-        .map_err(|_| encode_error(name, "value too large for COPY"))?;
+    let len =
+        i32::try_from(buf.len() - at - 4).map_err(|_| "value too large for COPY".to_string())?;
     buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
     Ok(())
 }
 
-fn encode_error(field: &str, message: &str) -> Error {
+/// Names the row (by its natural key), the field and the value at fault.
+/// No value that passed the transform is known to reach this; it guards
+/// against a sqlx encoder that refuses one.
+fn encode_error(schema: &TableSchema, row: &Row, field: &str, why: String) -> Error {
+    let text = |i: usize| {
+        row.values
+            .get(i)
+            .and_then(Value::canonical_text)
+            .unwrap_or_else(|| "NULL".into())
+    };
+    let key_names: Vec<&str> = schema
+        .key
+        .iter()
+        .map(|&i| schema.columns[i].0.as_str())
+        .collect();
+    let key_values: Vec<String> = schema.key.iter().map(|&i| text(i)).collect();
+    let value = schema
+        .columns
+        .iter()
+        .position(|(name, _)| name == field)
+        .map_or_else(String::new, |i| format!(" = {:?}", text(i)));
     Error::Database {
-        message: format!("cannot encode field `{field}` for PostgreSQL: {message}"),
+        message: format!(
+            "row with key ({}) = ({}): cannot encode field `{field}`{value} for PostgreSQL: {why}",
+            key_names.join(", "),
+            key_values.join(", ")
+        ),
         transient: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::NaiveDateTime;
+    use tidemark_core::{FieldType, Hash128};
+
+    fn schema() -> TableSchema {
+        TableSchema {
+            table: "items".into(),
+            columns: vec![
+                ("id".into(), FieldType::Text),
+                ("at".into(), FieldType::Timestamp),
+            ],
+            key: vec![0],
+            soft_delete: false,
+        }
+    }
+
+    fn lineage() -> LineageValues<'static> {
+        LineageValues {
+            source: "s",
+            export_type: "e",
+            period_start: DateTime::<Utc>::UNIX_EPOCH,
+            run_id: "r",
+            loaded_at: DateTime::<Utc>::UNIX_EPOCH,
+        }
+    }
+
+    fn row(at: NaiveDateTime) -> Row {
+        Row {
+            values: vec![Value::Text("A-1".into()), Value::Timestamp(at)],
+            key_hash: Hash128(1),
+            row_hash: Hash128(2),
+        }
+    }
+
+    #[test]
+    fn encodes_header_rows_and_trailer() {
+        let row = row(DateTime::<Utc>::UNIX_EPOCH.naive_utc());
+        let bytes = encode_rows(&[(&row, Write::Upsert)], &schema(), &lineage()).unwrap();
+        assert!(bytes.starts_with(SIGNATURE));
+        assert_eq!(
+            &bytes[SIGNATURE.len() + 8..SIGNATURE.len() + 10],
+            &8i16.to_be_bytes()
+        );
+        assert!(bytes.ends_with(&(-1i16).to_be_bytes()));
+    }
+
+    /// sqlx refuses no value the transform produces (even chrono's largest
+    /// timestamp encodes; the server would refuse it, naming the COPY line),
+    /// so the message is checked on its own: it names the row's key, the
+    /// field and the value.
+    #[test]
+    fn an_encoding_error_names_row_field_and_value() {
+        let row = row(NaiveDateTime::MAX);
+        let err = encode_error(&schema(), &row, "at", "out of range".into());
+        let message = err.to_string();
+        assert!(message.contains("row with key (id) = (A-1)"), "{message}");
+        assert!(message.contains("field `at` = \""), "{message}");
+        assert!(message.ends_with("out of range"), "{message}");
+        assert!(!err.is_transient());
     }
 }

@@ -11,6 +11,7 @@
 //!    merged with one `INSERT … SELECT … ON CONFLICT DO UPDATE … WHERE the
 //!    hash or run key differs`, so identical rows are never rewritten.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
@@ -201,7 +202,7 @@ fn copy_data(
         run_id: stamp.run_id,
         loaded_at: stamp.loaded_at,
     };
-    encode_rows(rows, &schema.columns, &lineage)
+    encode_rows(rows, schema, &lineage)
 }
 
 fn column_list(schema: &TableSchema) -> String {
@@ -329,15 +330,42 @@ pub(super) async fn insert_reject(
     .bind(&lineage.export_type)
     .bind(&lineage.period_start)
     .bind(run_id)
-    .bind(&reject.location)
-    .bind(&reject.field)
-    .bind(&reject.value)
-    .bind(&reject.reason)
-    .bind(&reject.record)
+    .bind(visible_nul(&reject.location))
+    .bind(reject.field.as_deref().map(visible_nul))
+    .bind(reject.value.as_deref().map(visible_nul))
+    .bind(visible_nul(&reject.reason))
+    .bind(visible_nul_json(&reject.record))
     .execute(&mut **tx)
     .await
     .db()?;
     Ok(())
+}
+
+/// PostgreSQL's `text` and `jsonb` cannot hold U+0000, and a record
+/// rejected for holding one must still be kept: its NULs are stored as the
+/// six visible characters `\u0000`.
+fn visible_nul(text: &str) -> Cow<'_, str> {
+    if text.contains('\0') {
+        Cow::Owned(text.replace('\0', "\\u0000"))
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
+/// [`visible_nul`] for every string and key of a JSON value (a copy:
+/// rejects are few).
+fn visible_nul_json(value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        J::String(s) => J::String(visible_nul(s).into_owned()),
+        J::Array(items) => J::Array(items.iter().map(visible_nul_json).collect()),
+        J::Object(map) => J::Object(
+            map.iter()
+                .map(|(k, v)| (visible_nul(k).into_owned(), visible_nul_json(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// Deletes (or soft-deletes) rows of the run key by natural key, joining
