@@ -81,6 +81,42 @@ pub struct Counts {
     pub rows_rejected: u64,
 }
 
+impl Counts {
+    /// The counters in ledger column order (`rows_read`, `rows_inserted`,
+    /// `rows_updated`, `rows_unchanged`, `rows_deleted`, `rows_rejected`),
+    /// as the databases' signed integers (no count reaches 2^63).
+    fn columns(&self) -> [i64; 6] {
+        [
+            self.rows_read,
+            self.rows_inserted,
+            self.rows_updated,
+            self.rows_unchanged,
+            self.rows_deleted,
+            self.rows_rejected,
+        ]
+        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+    }
+}
+
+/// `.bind_counts(&counts)`: a run's six counters as a query's next six
+/// parameters, in ledger column order, on either database.
+pub(crate) trait BindCounts {
+    fn bind_counts(self, counts: &Counts) -> Self;
+}
+
+impl<'q, DB> BindCounts for sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>
+where
+    DB: sqlx::Database,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    fn bind_counts(self, counts: &Counts) -> Self {
+        counts
+            .columns()
+            .into_iter()
+            .fold(self, |query, n| query.bind(n))
+    }
+}
+
 /// A claimed attempt.
 #[derive(Debug, Clone)]
 pub struct ClaimedRun {

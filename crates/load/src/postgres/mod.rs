@@ -25,11 +25,10 @@ use tidemark_core::{Error, RunKey};
 
 use crate::db_error::DbResultExt;
 use crate::ledger::{
-    counts_of, decide, decode_hashes, new_run_id, Claim, ClaimRequest, ClaimedRun, Counts,
-    Decision, Lease, LedgerEntry, Snapshot,
+    counts_of, decide, decode_hashes, new_run_id, BindCounts, Claim, ClaimRequest, ClaimedRun,
+    Counts, Decision, Lease, LedgerEntry, Snapshot,
 };
 use crate::schema::TableSchema;
-use crate::sqlite::to_i64;
 use crate::stored::StoredHashes;
 use crate::timestamp_text;
 use crate::writer::{
@@ -172,12 +171,7 @@ impl PgStore {
         .bind(request.lease_ttl.as_secs_f64())
         .bind(fresh)
         .bind(batches)
-        .bind(to_i64(counts.rows_read))
-        .bind(to_i64(counts.rows_inserted))
-        .bind(to_i64(counts.rows_updated))
-        .bind(to_i64(counts.rows_unchanged))
-        .bind(to_i64(counts.rows_deleted))
-        .bind(to_i64(counts.rows_rejected))
+        .bind_counts(&counts)
         .bind(&request.handler_version)
         .bind(run_ref)
         .execute(&mut *tx)
@@ -447,12 +441,7 @@ async fn save_progress(
     )
     .bind(checkpoint)
     .bind(batches)
-    .bind(to_i64(counts.rows_read))
-    .bind(to_i64(counts.rows_inserted))
-    .bind(to_i64(counts.rows_updated))
-    .bind(to_i64(counts.rows_unchanged))
-    .bind(to_i64(counts.rows_deleted))
-    .bind(to_i64(counts.rows_rejected))
+    .bind_counts(counts)
     .bind(lease.run_ref)
     .execute(&mut **tx)
     .await
@@ -474,12 +463,7 @@ async fn finish_attempt(
          WHERE run_ref = $10 AND attempt = $11",
     )
     .bind(status)
-    .bind(to_i64(counts.rows_read))
-    .bind(to_i64(counts.rows_inserted))
-    .bind(to_i64(counts.rows_updated))
-    .bind(to_i64(counts.rows_unchanged))
-    .bind(to_i64(counts.rows_deleted))
-    .bind(to_i64(counts.rows_rejected))
+    .bind_counts(counts)
     .bind(error.map(|e| e.class().as_str()))
     .bind(error.map(ToString::to_string))
     .bind(lease.run_ref)

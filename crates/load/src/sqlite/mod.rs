@@ -23,8 +23,8 @@ use tidemark_core::{Error, RunKey};
 
 use crate::db_error::DbResultExt;
 use crate::ledger::{
-    counts_of, decide, decode_hashes, new_run_id, Claim, ClaimRequest, ClaimedRun, Counts,
-    Decision, Lease, LedgerEntry, Snapshot,
+    counts_of, decide, decode_hashes, new_run_id, BindCounts, Claim, ClaimRequest, ClaimedRun,
+    Counts, Decision, Lease, LedgerEntry, Snapshot,
 };
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
@@ -243,12 +243,7 @@ impl SqliteStore {
         .bind(&lease_expires)
         .bind(fresh)
         .bind(batches)
-        .bind(to_i64(counts.rows_read))
-        .bind(to_i64(counts.rows_inserted))
-        .bind(to_i64(counts.rows_updated))
-        .bind(to_i64(counts.rows_unchanged))
-        .bind(to_i64(counts.rows_deleted))
-        .bind(to_i64(counts.rows_rejected))
+        .bind_counts(&counts)
         .bind(&request.handler_version)
         .bind(fresh)
         .bind(&now_s)
@@ -536,12 +531,7 @@ async fn save_progress(
     )
     .bind(checkpoint.map(serde_json::Value::to_string))
     .bind(batches)
-    .bind(to_i64(counts.rows_read))
-    .bind(to_i64(counts.rows_inserted))
-    .bind(to_i64(counts.rows_updated))
-    .bind(to_i64(counts.rows_unchanged))
-    .bind(to_i64(counts.rows_deleted))
-    .bind(to_i64(counts.rows_rejected))
+    .bind_counts(counts)
     .bind(lease.run_ref)
     .execute(&mut **tx)
     .await
@@ -563,12 +553,7 @@ async fn finish_attempt(
          WHERE run_ref = ? AND attempt = ?",
     )
     .bind(status)
-    .bind(to_i64(counts.rows_read))
-    .bind(to_i64(counts.rows_inserted))
-    .bind(to_i64(counts.rows_updated))
-    .bind(to_i64(counts.rows_unchanged))
-    .bind(to_i64(counts.rows_deleted))
-    .bind(to_i64(counts.rows_rejected))
+    .bind_counts(counts)
     .bind(error.map(|e| e.class().as_str()))
     .bind(error.map(ToString::to_string))
     .bind(now)
@@ -622,9 +607,4 @@ fn entry_of(row: &SqliteRow) -> LedgerEntry {
         lease_owner: row.get("lease_owner"),
         lease_expires_at: row.get("lease_expires_at"),
     }
-}
-
-/// Counts are u64 in Rust and INTEGER (i64) in SQL; no count reaches 2^63.
-pub(crate) fn to_i64(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
