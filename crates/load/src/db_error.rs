@@ -33,6 +33,13 @@ pub(crate) fn db_error(err: sqlx::Error) -> Error {
     }
 }
 
+/// Whether SQLite answered `SQLITE_BUSY` (any extended code of it).
+pub(crate) fn is_sqlite_busy(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db)
+        if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+            && db.code().and_then(|c| c.parse::<i64>().ok()).is_some_and(|n| n & 0xff == 5))
+}
+
 /// SQLite result codes worth a retry: SQLITE_BUSY (5) and SQLITE_LOCKED (6);
 /// extended codes keep the primary code in the low byte.
 fn transient_sqlite_code(code: &str) -> bool {

@@ -21,7 +21,7 @@ use tidemark_core::spec::OnMissing;
 use tidemark_core::KeySet;
 use tidemark_core::{Error, RunKey};
 
-use crate::db_error::DbResultExt;
+use crate::db_error::{is_sqlite_busy, DbResultExt};
 use crate::ledger::{
     counts_of, decide, decode_hashes, new_run_id, BindCounts, Claim, ClaimRequest, ClaimedRun,
     Counts, Decision, Lease, LedgerEntry, Snapshot,
@@ -46,7 +46,8 @@ const OPEN_DEADLINE: Duration = Duration::from_secs(60);
 /// a `status` started together on a new file hit exactly that, so opening
 /// is retried with bounded, jittered backoff while the error is a busy one.
 async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, Error> {
-    let policy = tidemark_core::spec::RetryPolicy {
+    // Bounded by the deadline, not by a count of tries.
+    let backoff = tidemark_core::spec::RetryPolicy {
         max_attempts: u32::MAX,
         base_delay: Duration::from_millis(10),
         max_delay: Duration::from_millis(500),
@@ -59,14 +60,13 @@ async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, Error> {
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(120))
             .connect_with(options.clone())
-            .await
-            .db();
+            .await;
         match opened {
-            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+            Err(e) if is_sqlite_busy(&e) && tokio::time::Instant::now() < deadline => {
                 tracing::debug!(error = %e, attempt, "database busy while opening; trying again");
-                tokio::time::sleep(policy.delay(attempt, None, rand::random::<f64>())).await;
+                tokio::time::sleep(backoff.delay(attempt, None, rand::random::<f64>())).await;
             }
-            other => return other,
+            other => return other.db(),
         }
     }
 }
