@@ -121,15 +121,15 @@ impl Parser {
     /// Types a present raw value. JSON numbers and booleans are read as
     /// their JSON text, so `5`, `"5"` and a CSV `5` all follow one rule.
     ///
-    /// Text and JSON holding a NUL character (U+0000) are refused on every
-    /// backend: PostgreSQL cannot store one in `text` or `jsonb`, and a
-    /// pipeline must not start failing when it moves from SQLite to
-    /// PostgreSQL.
+    /// Values no database could store alike are refused on every backend,
+    /// so a pipeline does not start failing when it moves from SQLite to
+    /// PostgreSQL: text and JSON holding a NUL character (U+0000), which
+    /// PostgreSQL cannot store in `text` or `jsonb`, and dates and times
+    /// outside the years 0001–9999 (beyond PostgreSQL's range at one end,
+    /// and out of order as SQLite text at both).
     pub(crate) fn parse(&self, raw: Raw<'_>) -> Result<Value, String> {
         let value = self.read(raw)?;
-        if holds_nul(&value) {
-            return Err("contains a NUL character (U+0000), which PostgreSQL cannot store".into());
-        }
+        storable(&value)?;
         Ok(value)
     }
 
@@ -206,6 +206,27 @@ impl Parser {
                 localise(naive, self.tz)
             }
         }
+    }
+}
+
+/// Refuses what [`Parser::parse`] says no database stores alike.
+fn storable(value: &Value) -> Result<(), String> {
+    use chrono::Datelike;
+    let year = match value {
+        Value::Date(d) => d.year(),
+        Value::Timestamp(t) => t.year(),
+        Value::Timestamptz(t) => t.year(),
+        other if holds_nul(other) => {
+            return Err("contains a NUL character (U+0000), which PostgreSQL cannot store".into())
+        }
+        _ => return Ok(()),
+    };
+    if (1..=9999).contains(&year) {
+        Ok(())
+    } else {
+        Err(format!(
+            "year {year} is outside 0001–9999, the years tidemark stores"
+        ))
     }
 }
 
@@ -429,6 +450,34 @@ mod tests {
             assert!(refused.unwrap_err().contains("NUL character"));
         }
         assert!(text(FieldType::Json, r#"{"k": "a\\u0000b"}"#).is_ok());
+    }
+
+    #[test]
+    fn dates_and_times_outside_years_1_to_9999_are_refused() {
+        for ty in [
+            FieldType::Date,
+            FieldType::Timestamp,
+            FieldType::Timestamptz,
+        ] {
+            for day in ["-5000-01-01", "+99999-01-01", "0000-12-31"] {
+                let input = if ty == FieldType::Date {
+                    day.to_string()
+                } else {
+                    format!("{day}T00:00:00")
+                };
+                let refused = text(ty, &input).unwrap_err();
+                assert!(
+                    refused.contains("outside 0001–9999"),
+                    "{ty} {input}: {refused}"
+                );
+            }
+            let edge = if ty == FieldType::Date {
+                "9999-12-31"
+            } else {
+                "9999-12-31T22:00:00"
+            };
+            assert!(text(ty, edge).is_ok(), "{ty} {edge}");
+        }
     }
 
     #[test]
