@@ -38,6 +38,7 @@ backend_tests! {
     rejects_over_max_rejects_fail_the_period: rejects_over_max_rejects_fail_the_period_sqlite, rejects_over_max_rejects_fail_the_period_postgres;
     rejects_over_max_keep_earlier_batches_then_recover: rejects_over_max_keep_earlier_batches_then_recover_sqlite, rejects_over_max_keep_earlier_batches_then_recover_postgres;
     nul_character_in_text_is_a_reject: nul_character_in_text_is_a_reject_sqlite, nul_character_in_text_is_a_reject_postgres;
+    sub_microsecond_time_key_survives_a_forced_rerun: sub_microsecond_time_key_survives_a_forced_rerun_sqlite, sub_microsecond_time_key_survives_a_forced_rerun_postgres;
     validate_checks_files_and_touches_no_database: validate_checks_files_and_touches_no_database_sqlite, validate_checks_files_and_touches_no_database_postgres;
     backfill_with_concurrency_loads_the_same: backfill_with_concurrency_loads_the_same_sqlite, backfill_with_concurrency_loads_the_same_postgres;
     period_is_named_by_any_time_inside_it: period_is_named_by_any_time_inside_it_sqlite, period_is_named_by_any_time_inside_it_postgres;
@@ -1241,6 +1242,54 @@ async fn nul_character_in_text_is_a_reject(backend: Backend) {
         assert!(out.stderr.contains(named), "stderr names {named}\n{out}");
     }
     assert_eq!(count_orders(&env.db, "1 = 1").await, 19, "nothing lost");
+}
+
+/// A natural key with digits below the microsecond: PostgreSQL stores
+/// microseconds, so the stored key once hashed differently from its source
+/// key, and a forced re-run of unchanged data deleted the row as vanished.
+/// Times are now cut to microseconds when read, on both databases.
+async fn sub_microsecond_time_key_survives_a_forced_rerun(backend: Backend) {
+    let env = Env::new(backend).await;
+    env.write(
+        "pipelines/ticks.toml",
+        r#"name = "ticks"
+export_type = "ticks_daily"
+[period]
+granularity = "day"
+[[sources]]
+id = "feed"
+transport = "file"
+format = "csv"
+path = "data/ticks.csv"
+[fields]
+at = { type = "timestamptz", required = true }
+local = { type = "timestamp" }
+price = { type = "decimal" }
+[load]
+table = "ticks"
+key = ["at"]
+on_missing = "delete"
+"#,
+    );
+    env.write(
+        "pipelines/data/ticks.csv",
+        "at,local,price\n\
+         2024-01-01T00:00:00.123456789Z,2024-01-01T01:00:00.987654321,1.5\n\
+         2024-01-01T00:00:01.5Z,,2.5\n",
+    );
+    let first = env.tidemark(&["run", "ticks", "--period", "2024-01-01"]);
+    first.expect_code(0, "first run");
+    assert_counts(&first.json(), [2, 2, 0, 0, 0, 0], "first run");
+    let rerun = env.tidemark(&["run", "ticks", "--period", "2024-01-01", "--force"]);
+    rerun.expect_code(0, "forced re-run");
+    assert_counts(&rerun.json(), [2, 0, 0, 2, 0, 0], "nothing changed, nothing vanished");
+    assert_eq!(env.db.count("FROM ticks").await, 2, "no row lost");
+    let at = env.db.instant_is("at", "2024-01-01T00:00:00.123456Z");
+    assert_eq!(
+        env.db.count(&format!("FROM ticks WHERE {at}")).await,
+        1,
+        "the key is stored to the microsecond"
+    );
 }
 
 /// With `batch_size = 5`, the third bad row is in batch 3: batches 1 and 2

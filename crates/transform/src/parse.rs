@@ -127,8 +127,14 @@ impl Parser {
     /// PostgreSQL cannot store in `text` or `jsonb`, and dates and times
     /// outside the years 0001–9999 (beyond PostgreSQL's range at one end,
     /// and out of order as SQLite text at both).
+    ///
+    /// Times keep microseconds, PostgreSQL's precision: finer digits are
+    /// dropped here, so the value hashed is the value every database
+    /// stores. (A nanosecond key stored by PostgreSQL as microseconds no
+    /// longer matched its source key on the next run, and the row was
+    /// reconciled away as vanished.)
     pub(crate) fn parse(&self, raw: Raw<'_>) -> Result<Value, String> {
-        let value = self.read(raw)?;
+        let value = to_microseconds(self.read(raw)?);
         storable(&value)?;
         Ok(value)
     }
@@ -206,6 +212,16 @@ impl Parser {
                 localise(naive, self.tz)
             }
         }
+    }
+}
+
+/// Drops the digits of a time below the microsecond.
+fn to_microseconds(value: Value) -> Value {
+    use chrono::SubsecRound;
+    match value {
+        Value::Timestamp(t) => Value::Timestamp(t.trunc_subsecs(6)),
+        Value::Timestamptz(t) => Value::Timestamptz(t.trunc_subsecs(6)),
+        other => other,
     }
 }
 
@@ -478,6 +494,19 @@ mod tests {
             };
             assert!(text(ty, edge).is_ok(), "{ty} {edge}");
         }
+    }
+
+    #[test]
+    fn times_keep_microseconds_and_drop_finer_digits() {
+        assert_eq!(
+            text(FieldType::Timestamptz, "2024-01-01T00:00:00.123456789Z"),
+            Ok(utc("2024-01-01T00:00:00.123456Z"))
+        );
+        let naive = text(FieldType::Timestamp, "2024-01-01T00:00:00.999999999").unwrap();
+        assert_eq!(
+            naive.canonical_text().as_deref(),
+            Some("2024-01-01T00:00:00.999999")
+        );
     }
 
     #[test]
