@@ -1282,7 +1282,11 @@ on_missing = "delete"
     assert_counts(&first.json(), [2, 2, 0, 0, 0, 0], "first run");
     let rerun = env.tidemark(&["run", "ticks", "--period", "2024-01-01", "--force"]);
     rerun.expect_code(0, "forced re-run");
-    assert_counts(&rerun.json(), [2, 0, 0, 2, 0, 0], "nothing changed, nothing vanished");
+    assert_counts(
+        &rerun.json(),
+        [2, 0, 0, 2, 0, 0],
+        "nothing changed, nothing vanished",
+    );
     assert_eq!(env.db.count("FROM ticks").await, 2, "no row lost");
     let at = env.db.instant_is("at", "2024-01-01T00:00:00.123456Z");
     assert_eq!(
