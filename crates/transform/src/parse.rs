@@ -228,13 +228,13 @@ fn to_microseconds(value: Value) -> Value {
 /// Refuses what [`Parser::parse`] says no database stores alike.
 fn storable(value: &Value) -> Result<(), String> {
     use chrono::Datelike;
+    if holds_nul(value) {
+        return Err("contains a NUL character (U+0000), which PostgreSQL cannot store".into());
+    }
     let year = match value {
         Value::Date(d) => d.year(),
         Value::Timestamp(t) => t.year(),
         Value::Timestamptz(t) => t.year(),
-        other if holds_nul(other) => {
-            return Err("contains a NUL character (U+0000), which PostgreSQL cannot store".into())
-        }
         _ => return Ok(()),
     };
     if (1..=9999).contains(&year) {
