@@ -152,11 +152,8 @@ async fn concurrent_claims_have_exactly_one_winner(postgres: bool) {
 }
 
 async fn superseded_attempt_cannot_commit(postgres: bool) {
-    let db = TestDb::new(postgres).await;
-    let store = Store::connect(&db.url).await.unwrap();
     let p = pipeline();
-    let schema = TableSchema::from_pipeline(&p);
-    store.ensure_table(&schema).await.unwrap();
+    let (db, store, schema) = with_table(postgres, &p).await;
     let key = key(&p, "2024-01-01");
     let first = claimed(store.claim(&key, &request("a")).await.unwrap());
     let mut writer = store.writer(schema.clone(), &first, &key).await.unwrap();
@@ -240,11 +237,8 @@ async fn changed_key_type_is_a_contract_error(postgres: bool) {
 /// lineage moves), never duplicated; an identical row of the same run key is
 /// not rewritten.
 async fn key_from_another_run_key_is_taken_over(postgres: bool) {
-    let db = TestDb::new(postgres).await;
-    let store = Store::connect(&db.url).await.unwrap();
     let p = pipeline();
-    let schema = TableSchema::from_pipeline(&p);
-    store.ensure_table(&schema).await.unwrap();
+    let (db, store, schema) = with_table(postgres, &p).await;
     for (day, rows) in [
         ("2024-01-01", vec![row(1, "one"), row(2, "two")]),
         ("2024-01-02", vec![row(2, "two"), row(3, "three")]),
@@ -269,15 +263,12 @@ async fn key_from_another_run_key_is_taken_over(postgres: bool) {
 /// A row soft-deleted by one run and back in the source of the next is
 /// revived in place: updated, `_tm_deleted_at` cleared, never inserted twice.
 async fn soft_deleted_row_that_returns_is_revived(postgres: bool) {
-    let db = TestDb::new(postgres).await;
-    let store = Store::connect(&db.url).await.unwrap();
     let p = Pipeline::parse(
         &format!("{PIPELINE}on_missing = \"soft_delete\"\n"),
         Path::new("p.toml"),
     )
     .unwrap();
-    let schema = TableSchema::from_pipeline(&p);
-    store.ensure_table(&schema).await.unwrap();
+    let (db, store, schema) = with_table(postgres, &p).await;
     let key = key(&p, "2024-01-01");
     let soft_delete = tidemark_load::Reconcile {
         on_missing: tidemark_core::spec::OnMissing::SoftDelete,
@@ -330,8 +321,6 @@ async fn soft_deleted_row_that_returns_is_revived(postgres: bool) {
 async fn stored_keys_of_every_type_read_back_unchanged(postgres: bool) {
     use tidemark_core::value::{key_hash, row_hash};
     use tidemark_core::{FieldType, Value};
-    let db = TestDb::new(postgres).await;
-    let store = Store::connect(&db.url).await.unwrap();
     let p = Pipeline::parse(
         r#"
 name = "p"
@@ -361,8 +350,7 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
         Path::new("p.toml"),
     )
     .unwrap();
-    let schema = TableSchema::from_pipeline(&p);
-    store.ensure_table(&schema).await.unwrap();
+    let (db, store, schema) = with_table(postgres, &p).await;
     let types = schema.types();
     let rows: Vec<Row> = (0..3)
         .map(|i| {
@@ -440,11 +428,8 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
 /// what really vanished. Starting the period over takes a new run id, so
 /// nothing written before counts as seen.
 async fn resume_knows_what_committed_batches_saw(postgres: bool) {
-    let db = TestDb::new(postgres).await;
-    let store = Store::connect(&db.url).await.unwrap();
     let p = pipeline();
-    let schema = TableSchema::from_pipeline(&p);
-    store.ensure_table(&schema).await.unwrap();
+    let (db, store, schema) = with_table(postgres, &p).await;
     let key = key(&p, "2024-01-01");
     let delete = tidemark_load::Reconcile {
         on_missing: tidemark_core::spec::OnMissing::Delete,
@@ -519,6 +504,15 @@ async fn resume_knows_what_committed_batches_saw(postgres: bool) {
 }
 
 /// Claims the run key, writes `rows` as one batch and finishes: the result.
+/// A fresh database with `p`'s destination table: how most tests start.
+async fn with_table(postgres: bool, p: &Pipeline) -> (TestDb, Store, TableSchema) {
+    let db = TestDb::new(postgres).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    let schema = TableSchema::from_pipeline(p);
+    store.ensure_table(&schema).await.unwrap();
+    (db, store, schema)
+}
+
 async fn load_once(
     store: &Store,
     schema: &TableSchema,
