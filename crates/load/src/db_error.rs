@@ -37,13 +37,17 @@ pub(crate) fn db_error(err: sqlx::Error) -> Error {
 pub(crate) fn is_sqlite_busy(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db)
         if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
-            && db.code().and_then(|c| c.parse::<i64>().ok()).is_some_and(|n| n & 0xff == 5))
+            && db.code().and_then(|c| sqlite_primary_code(&c)) == Some(5))
 }
 
-/// SQLite result codes worth a retry: SQLITE_BUSY (5) and SQLITE_LOCKED (6);
-/// extended codes keep the primary code in the low byte.
+/// SQLite result codes worth a retry: SQLITE_BUSY (5) and SQLITE_LOCKED (6).
 fn transient_sqlite_code(code: &str) -> bool {
-    code.parse::<i64>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
+    matches!(sqlite_primary_code(code), Some(5 | 6))
+}
+
+/// The primary result code of a SQLite (extended) code: its low byte.
+fn sqlite_primary_code(code: &str) -> Option<i64> {
+    code.parse::<i64>().ok().map(|n| n & 0xff)
 }
 
 /// PostgreSQL SQLSTATEs worth a retry: connection exceptions (08…),
