@@ -39,6 +39,7 @@ backend_tests! {
     rejects_over_max_keep_earlier_batches_then_recover: rejects_over_max_keep_earlier_batches_then_recover_sqlite, rejects_over_max_keep_earlier_batches_then_recover_postgres;
     nul_character_in_text_is_a_reject: nul_character_in_text_is_a_reject_sqlite, nul_character_in_text_is_a_reject_postgres;
     sub_microsecond_time_key_survives_a_forced_rerun: sub_microsecond_time_key_survives_a_forced_rerun_sqlite, sub_microsecond_time_key_survives_a_forced_rerun_postgres;
+    year_outside_1_to_9999_is_bad_input: year_outside_1_to_9999_is_bad_input_sqlite, year_outside_1_to_9999_is_bad_input_postgres;
     validate_checks_files_and_touches_no_database: validate_checks_files_and_touches_no_database_sqlite, validate_checks_files_and_touches_no_database_postgres;
     backfill_with_concurrency_loads_the_same: backfill_with_concurrency_loads_the_same_sqlite, backfill_with_concurrency_loads_the_same_postgres;
     period_is_named_by_any_time_inside_it: period_is_named_by_any_time_inside_it_sqlite, period_is_named_by_any_time_inside_it_postgres;
@@ -1244,11 +1245,9 @@ async fn nul_character_in_text_is_a_reject(backend: Backend) {
     assert_eq!(count_orders(&env.db, "1 = 1").await, 19, "nothing lost");
 }
 
-/// A natural key with digits below the microsecond: PostgreSQL stores
-/// microseconds, so the stored key once hashed differently from its source
-/// key, and a forced re-run of unchanged data deleted the row as vanished.
-/// Times are now cut to microseconds when read, on both databases.
-async fn sub_microsecond_time_key_survives_a_forced_rerun(backend: Backend) {
+/// A `ticks` pipeline (time-keyed prices, `on_missing = "delete"`) whose
+/// one file holds `rows` under the header `at,local,price`.
+async fn ticks(backend: Backend, rows: &str) -> Env {
     let env = Env::new(backend).await;
     env.write(
         "pipelines/ticks.toml",
@@ -1273,10 +1272,22 @@ on_missing = "delete"
     );
     env.write(
         "pipelines/data/ticks.csv",
-        "at,local,price\n\
-         2024-01-01T00:00:00.123456789Z,2024-01-01T01:00:00.987654321,1.5\n\
-         2024-01-01T00:00:01.5Z,,2.5\n",
+        &format!("at,local,price\n{rows}"),
     );
+    env
+}
+
+/// A natural key with digits below the microsecond: PostgreSQL stores
+/// microseconds, so the stored key once hashed differently from its source
+/// key, and a forced re-run of unchanged data deleted the row as vanished.
+/// Times are now cut to microseconds when read, on both databases.
+async fn sub_microsecond_time_key_survives_a_forced_rerun(backend: Backend) {
+    let env = ticks(
+        backend,
+        "2024-01-01T00:00:00.123456789Z,2024-01-01T01:00:00.987654321,1.5\n\
+         2024-01-01T00:00:01.5Z,,2.5\n",
+    )
+    .await;
     let first = env.tidemark(&["run", "ticks", "--period", "2024-01-01"]);
     first.expect_code(0, "first run");
     assert_counts(&first.json(), [2, 2, 0, 0, 0, 0], "first run");
@@ -1294,6 +1305,36 @@ on_missing = "delete"
         1,
         "the key is stored to the microsecond"
     );
+}
+
+/// A year PostgreSQL cannot store (and SQLite would store as text that
+/// sorts out of order) is bad input on both databases: the error names
+/// pipeline, period, file, line, field and value, and nothing of the batch
+/// is written.
+async fn year_outside_1_to_9999_is_bad_input(backend: Backend) {
+    let env = ticks(
+        backend,
+        "2024-01-01T00:00:00Z,,1.5\n\
+         2024-01-01T00:00:01Z,-5000-01-01T00:00:00,2.5\n",
+    )
+    .await;
+    let out = env.tidemark(&["run", "ticks", "--period", "2024-01-01"]);
+    out.expect_code(1, "a year before 0001");
+    for named in [
+        "ticks",
+        "2024-01-01",
+        "ticks.csv",
+        "line 3",
+        "`local`",
+        "-5000-01-01T00:00:00",
+    ] {
+        assert!(out.stderr.contains(named), "stderr names {named}\n{out}");
+    }
+    assert!(
+        !out.stderr.contains("out of range"),
+        "not the database's error\n{out}"
+    );
+    assert_eq!(env.db.count("FROM ticks").await, 0, "nothing half-written");
 }
 
 /// With `batch_size = 5`, the third bad row is in batch 3: batches 1 and 2
