@@ -1239,7 +1239,15 @@ async fn nul_character_in_text_is_a_reject(backend: Backend) {
     env.set_option("orders", "load", "max_rejects", "0");
     let out = env.tidemark(&["run", "orders", "--period", "2024-01-09", "--force"]);
     out.expect_code(1, "the same row with max_rejects = 0");
-    for named in ["orders.csv", "line 5", "`note`", "NUL", "before\\0after"] {
+    for named in [
+        "pipeline orders",
+        "period 2024-01-09",
+        "orders.csv",
+        "line 5",
+        "`note`",
+        "NUL",
+        "before\\0after",
+    ] {
         assert!(out.stderr.contains(named), "stderr names {named}\n{out}");
     }
     assert_eq!(count_orders(&env.db, "1 = 1").await, 19, "nothing lost");
@@ -1321,8 +1329,8 @@ async fn year_outside_1_to_9999_is_bad_input(backend: Backend) {
     let out = env.tidemark(&["run", "ticks", "--period", "2024-01-01"]);
     out.expect_code(1, "a year before 0001");
     for named in [
-        "ticks",
-        "2024-01-01",
+        "pipeline ticks",
+        "period 2024-01-01",
         "ticks.csv",
         "line 3",
         "`local`",
