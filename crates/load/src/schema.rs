@@ -1,7 +1,7 @@
 //! The destination table as the pipeline defines it.
 
 use tidemark_core::spec::OnMissing;
-use tidemark_core::{FieldType, Pipeline};
+use tidemark_core::{Error, FieldType, Pipeline, Value};
 
 /// Lineage columns every destination table carries, in table order.
 pub const LINEAGE_COLUMNS: [&str; 6] = [
@@ -106,4 +106,25 @@ pub(crate) fn column_problems(
 /// so quoting only guards against reserved words.
 pub(crate) fn quote(name: &str) -> String {
     format!("\"{name}\"")
+}
+
+/// Reads a stored natural-key value back from its canonical text, as the
+/// transform would have typed it; anything else means the table
+/// contradicts the pipeline.
+pub(crate) fn stored_key_from_text(
+    table: &str,
+    column: &str,
+    ty: FieldType,
+    text: &str,
+) -> Result<Value, Error> {
+    Value::from_canonical_text(ty, text)
+        .ok_or_else(|| bad_stored_key(table, column, ty, &format!("{text:?}")))
+}
+
+/// A stored natural-key value that is not a valid value of its type.
+pub(crate) fn bad_stored_key(table: &str, column: &str, ty: FieldType, shown: &str) -> Error {
+    Error::Contract {
+        table: table.to_string(),
+        message: format!("stored key column `{column}` holds {shown}, which is not a valid {ty}"),
+    }
 }

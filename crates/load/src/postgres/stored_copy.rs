@@ -13,7 +13,7 @@ use sqlx::{Postgres, Transaction};
 use tidemark_core::{Error, FieldType, Hash128, Value};
 
 use crate::db_error::DbResultExt;
-use crate::schema::{quote, TableSchema};
+use crate::schema::{quote, stored_key_from_text, TableSchema};
 use crate::stored::StoredHashes;
 use crate::writer::{Lineage, StoredRow};
 
@@ -174,10 +174,7 @@ fn key_value(table: &str, name: &str, ty: FieldType, field: &[u8]) -> Result<Val
     if ty == FieldType::Text {
         return Ok(Value::Text(text));
     }
-    Value::from_canonical_text(ty, &text).ok_or_else(|| Error::Contract {
-        table: table.to_string(),
-        message: format!("stored key column `{name}` holds {text:?}, which is not a valid {ty}"),
-    })
+    stored_key_from_text(table, name, ty, &text)
 }
 
 /// Undoes `COPY … TO` text escaping: `\\`, `\t`, `\n`, `\r`, `\b`, `\f`, `\v`.

@@ -19,7 +19,9 @@ use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
 use super::table::{key_list, live_rows_of_run_key, Stamp};
 use crate::db_error::{raw_sqlite_error, DbResultExt};
-use crate::schema::{quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
+use crate::schema::{
+    bad_stored_key, quote, stored_key_from_text, TableSchema, DELETED_AT, LINEAGE_COLUMNS,
+};
 use crate::stored::StoredHashes;
 use crate::writer::{Lineage, StoredRow, Write, WriteCounts};
 
@@ -340,26 +342,21 @@ fn scan(
 fn key_hash_of(schema: &TableSchema, row: &rusqlite::Row<'_>) -> Result<Hash128, Error> {
     let mut values = Vec::with_capacity(schema.key.len());
     for (i, (name, ty)) in schema.key_columns().enumerate() {
-        values.push((*ty, decode(row.get_ref(i).db()?, name, *ty)?));
+        values.push((*ty, decode(row.get_ref(i).db()?, &schema.table, name, *ty)?));
     }
     Ok(tidemark_core::value::key_hash(
         values.iter().map(|(t, v)| (*t, v)),
     ))
 }
 
-fn decode(stored: ValueRef<'_>, name: &str, ty: FieldType) -> Result<Value, Error> {
-    let bad = |shown: String| Error::Contract {
-        table: String::new(),
-        message: format!("stored key column `{name}` holds {shown}, which is not a valid {ty}"),
-    };
+fn decode(stored: ValueRef<'_>, table: &str, name: &str, ty: FieldType) -> Result<Value, Error> {
     match (ty, stored) {
         (_, ValueRef::Null) => Ok(Value::Null),
         (FieldType::Int, ValueRef::Integer(i)) => Ok(Value::Int(i)),
         (FieldType::Bool, ValueRef::Integer(b)) => Ok(Value::Bool(b != 0)),
         (_, ValueRef::Text(bytes)) => {
-            let text = String::from_utf8_lossy(bytes);
-            Value::from_canonical_text(ty, &text).ok_or_else(|| bad(format!("{text:?}")))
+            stored_key_from_text(table, name, ty, &String::from_utf8_lossy(bytes))
         }
-        (_, other) => Err(bad(format!("{other:?}"))),
+        (_, other) => Err(bad_stored_key(table, name, ty, &format!("{other:?}"))),
     }
 }
