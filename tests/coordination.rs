@@ -105,6 +105,39 @@ async fn write_lock_held_by_another_process_is_waited_out_sqlite() {
     assert_eq!(env.db.count("FROM orders").await, 100);
 }
 
+/// SQLite: a finished command leaves its rows in the database file itself,
+/// not in a write-ahead log for the next opener to replay. A copy of the
+/// main file alone holds every row, and the WAL is gone or empty.
+#[tokio::test]
+async fn finished_backfill_leaves_its_rows_in_the_database_file_sqlite() {
+    let env = Env::orders(Backend::Sqlite).await;
+    env.tidemark(&[
+        "backfill",
+        "orders",
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2024-01-10",
+    ])
+    .expect_code(0, "backfill");
+    let crate::support::TestDb::Sqlite { path } = &env.db else {
+        unreachable!("an SQLite test database")
+    };
+    let wal = path.with_extension("db-wal");
+    let wal_bytes = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(wal_bytes, 0, "{} should be gone or empty", wal.display());
+    let copy = path.with_file_name("copy-of-main-file.db");
+    std::fs::copy(path, &copy).expect("copy the main file");
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", copy.display()))
+        .await
+        .expect("open the copy");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&mut conn)
+        .await
+        .expect("count");
+    assert_eq!(rows, 200, "10 days of 20 orders, all in the main file");
+}
+
 /// `prune` removes attempt history and rejects older than the cut-off, and
 /// never the ledger rows that make re-runs idempotent.
 async fn prune_removes_only_old_history(backend: Backend) {

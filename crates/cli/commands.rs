@@ -138,6 +138,7 @@ async fn run(global: &Global, args: RunArgs) -> Result<u8, Error> {
         output::print_outcome(&key, &outcome);
         codes.push(outcome_code(&outcome));
     }
+    store.close().await;
     Ok(worst_exit_code(codes))
 }
 
@@ -203,6 +204,7 @@ async fn backfill(global: &Global, args: BackfillArgs) -> Result<u8, Error> {
     let store = Store::connect(&global.database_url).await?;
     let jobs = jobs(&store, &pipeline, &periods, &args.options, false)?;
     let results = run_jobs(jobs, usize::from(args.concurrency), true).await;
+    store.close().await;
     output::print_summary(&results);
     Ok(worst_exit_code(
         results.iter().map(|(_, o)| outcome_code(o)),
@@ -314,9 +316,11 @@ async fn sync(global: &Global, args: SyncArgs) -> Result<u8, Error> {
     }
     if jobs.is_empty() {
         say!("nothing due: every period up to now is done");
+        store.close().await;
         return Ok(0);
     }
     let results = run_jobs(jobs, usize::from(args.concurrency), true).await;
+    store.close().await;
     output::print_summary(&results);
     Ok(worst_exit_code(
         results.iter().map(|(_, o)| outcome_code(o)),

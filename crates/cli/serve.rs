@@ -85,6 +85,7 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<u8, Error> {
         "shutting down: waiting for running periods to finish"
     );
     while running.join_next().await.is_some() {}
+    store.close().await;
     Ok(0)
 }
 

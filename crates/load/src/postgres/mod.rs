@@ -57,6 +57,10 @@ impl PgStore {
         Ok(store)
     }
 
+    pub(crate) async fn close(&self) {
+        self.pool.close().await;
+    }
+
     pub(crate) async fn migrate(&self) -> Result<(), Error> {
         sqlx::migrate!("../../migrations/postgres")
             .run(&self.pool)

@@ -105,6 +105,28 @@ impl SqliteStore {
         Ok(store)
     }
 
+    /// Checkpoints the WAL into the database file and empties it, then
+    /// closes the pool. SQLite does this on its own only when the last
+    /// connection closes, and the pool closes its connections at once, so
+    /// none of them may be "last". Waits at most 1 s for another process's
+    /// transaction; its own last close checkpoints then.
+    pub(crate) async fn close(&self) {
+        if let Ok(mut conn) = self.pool.acquire().await {
+            let checkpoint = async {
+                sqlx::query("PRAGMA busy_timeout = 1000")
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                    .execute(&mut *conn)
+                    .await
+            };
+            if let Err(e) = checkpoint.await {
+                tracing::debug!(error = %e, "WAL checkpoint on close skipped");
+            }
+        }
+        self.pool.close().await;
+    }
+
     /// Applies the ledger migrations. SQLite has no advisory lock, so two
     /// processes starting on a fresh file can both try to apply the same
     /// migration; the loser fails on "already exists" after the winner
