@@ -430,6 +430,7 @@ impl SqliteStore {
         batch: &BatchWrite<'_>,
     ) -> Result<BatchOutcome, Error> {
         let loaded_at = now_text();
+        let rendered = raw::Rendered::new(&batch.rows);
         let mut tx = self.pool.begin().await.db()?;
         fence(&mut tx, lease).await?;
         let stamp = table::Stamp {
@@ -437,8 +438,10 @@ impl SqliteStore {
             run_id: &lease.run_id,
             loaded_at: &loaded_at,
         };
-        let written =
-            raw::with_raw(&mut tx, |c| raw::write_rows(c, schema, &stamp, &batch.rows)).await?;
+        let written = raw::with_raw(&mut tx, |c| {
+            raw::write_rows(c, schema, &stamp, &batch.rows, &rendered)
+        })
+        .await?;
         for reject in batch.rejects {
             table::insert_reject(&mut tx, lineage, &lease.run_id, reject, &loaded_at).await?;
         }
