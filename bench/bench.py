@@ -231,7 +231,7 @@ SQLITE_SHAPE = ("CREATE TABLE orders (order_id TEXT, quantity INTEGER, customer 
                 "status TEXT, created_at TIMESTAMPTZ, updated_at TIMESTAMPTZ, note TEXT, _tm_source TEXT NOT NULL, "
                 "_tm_export_type TEXT NOT NULL, _tm_period_start TEXT NOT NULL, _tm_run_id TEXT NOT NULL, "
                 "_tm_row_hash TEXT NOT NULL, _tm_loaded_at TEXT NOT NULL, UNIQUE (order_id)); "
-                "CREATE INDEX orders__tm_run_key ON orders (_tm_source, _tm_export_type, _tm_period_start);")
+                "CREATE INDEX orders__tm_run_key ON orders (_tm_period_start);")
 
 
 def sqlite_baseline(folder, days, total, shape=False):

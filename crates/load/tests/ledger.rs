@@ -623,3 +623,29 @@ async fn sqlite_open_waits_for_a_writer_on_a_new_file() {
 async fn execute_on(conn: &mut sqlx::SqliteConnection, sql: &str) {
     sqlx::query(sql).execute(conn).await.unwrap();
 }
+
+/// SQLite: reading one run key's rows (every re-sync does) goes through the
+/// run-key index, never a scan of the whole table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_key_rows_are_read_through_the_index_sqlite() {
+    let p = pipeline();
+    let (db, _store, _schema) = with_table(false, &p).await;
+    let mut c = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+    let rows = sqlx::query(
+        "EXPLAIN QUERY PLAN SELECT _tm_row_hash FROM items
+         WHERE _tm_source = 's' AND _tm_export_type = 'e' AND _tm_period_start = '2024-01-01T00:00:00Z'",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    let detail: Vec<String> = rows
+        .iter()
+        .map(|r| sqlx::Row::get::<String, _>(r, "detail"))
+        .collect();
+    assert!(
+        detail
+            .iter()
+            .any(|d| d.contains("USING INDEX items__tm_run_key")),
+        "{detail:?}"
+    );
+}

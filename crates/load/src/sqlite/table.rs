@@ -65,8 +65,14 @@ async fn create_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Err
     .execute(&mut *tx)
     .await
     .db()?;
+    // The run-key index holds the period start alone: source and export
+    // type are nearly always the same for every row of a table, and SQLite
+    // compared all three texts on every insert. A query for one run key
+    // filters the other two on the rows of its period. First backfill of
+    // 1,000,000 rows: 2.62-2.74 s -> 2.32-2.45 s (ADR 0003). Tables created
+    // before keep their three-column index; both serve the same queries.
     sqlx::query(&format!(
-        "CREATE INDEX IF NOT EXISTS {} ON {table} (_tm_source, _tm_export_type, _tm_period_start)",
+        "CREATE INDEX IF NOT EXISTS {} ON {table} (_tm_period_start)",
         quote(&format!("{}__tm_run_key", schema.table))
     ))
     .execute(&mut *tx)
