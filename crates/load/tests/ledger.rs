@@ -649,3 +649,31 @@ async fn run_key_rows_are_read_through_the_index_sqlite() {
         "{detail:?}"
     );
 }
+
+/// SQLite: a table another process created after this store's connections
+/// read the schema is checked against the fresh schema. Periods starting
+/// together on a new database hit this: one creates the table, the other
+/// checked it on a pooled connection whose schema predated it and saw no
+/// UNIQUE index ("no UNIQUE constraint on exactly the natural key").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_created_by_another_connection_is_checked_on_a_fresh_schema_sqlite() {
+    let p = pipeline();
+    let db = TestDb::new(false).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    // Every pooled connection reads the schema, before the table exists.
+    let (a, b, c, d) = tokio::join!(
+        store.status("p", None),
+        store.status("p", None),
+        store.status("p", None),
+        store.status("p", None)
+    );
+    for result in [a, b, c, d] {
+        result.unwrap();
+    }
+    let other = Store::connect(&db.url).await.unwrap();
+    let schema = TableSchema::from_pipeline(&p);
+    other.ensure_table(&schema).await.unwrap();
+    for _ in 0..8 {
+        store.ensure_table(&schema).await.unwrap();
+    }
+}

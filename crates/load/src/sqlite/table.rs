@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use sqlx::sqlite::SqlitePool;
+use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::{Row as _, Sqlite, Transaction};
 use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, FieldType};
@@ -32,17 +32,24 @@ fn sql_type(ty: FieldType) -> &'static str {
     }
 }
 
+/// Everything runs on one connection, in this order, because a `PRAGMA`
+/// reads the connection's cached schema without checking that it is
+/// current: the `SELECT` on `sqlite_master` does check (and reloads a
+/// schema another connection changed), so the pragmas after it see a table
+/// created a moment ago by a run starting alongside this one.
 pub(super) async fn ensure_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Error> {
+    let mut conn = pool.acquire().await.db()?;
     let exists: Option<String> =
         sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?")
             .bind(&schema.table)
-            .fetch_optional(pool)
+            .fetch_optional(&mut *conn)
             .await
             .db()?;
     if exists.is_none() {
+        drop(conn);
         return create_table(pool, schema).await;
     }
-    check_table(pool, schema).await
+    check_table(&mut conn, schema).await
 }
 
 async fn create_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Error> {
@@ -85,10 +92,10 @@ async fn create_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Err
 
 /// An existing table must have every field with its type, the lineage
 /// columns, and a UNIQUE index on exactly the natural key.
-async fn check_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Error> {
+async fn check_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Result<(), Error> {
     let table = quote(&schema.table);
     let info = sqlx::query(&format!("PRAGMA table_info({table})"))
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await
         .db()?;
     let actual: Vec<(String, String)> = info
@@ -109,7 +116,7 @@ async fn check_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Erro
         return Err(contract(problems.join("; ")));
     }
     let key: HashSet<&str> = schema.key_columns().map(|(n, _)| n.as_str()).collect();
-    if !has_unique_index_on(pool, &table, &key).await? {
+    if !has_unique_index_on(conn, &table, &key).await? {
         let names: Vec<&str> = schema.key_columns().map(|(n, _)| n.as_str()).collect();
         return Err(contract(format!(
             "no UNIQUE constraint on exactly the natural key ({})",
@@ -118,7 +125,7 @@ async fn check_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Erro
     }
     if schema.soft_delete && !actual.iter().any(|(n, _)| n == DELETED_AT) {
         sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {DELETED_AT} TEXT"))
-            .execute(pool)
+            .execute(&mut *conn)
             .await
             .db()?;
     }
@@ -126,12 +133,12 @@ async fn check_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Erro
 }
 
 async fn has_unique_index_on(
-    pool: &SqlitePool,
+    conn: &mut SqliteConnection,
     table: &str,
     key: &HashSet<&str>,
 ) -> Result<bool, Error> {
     let indexes = sqlx::query(&format!("PRAGMA index_list({table})"))
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await
         .db()?;
     for index in indexes {
@@ -140,7 +147,7 @@ async fn has_unique_index_on(
         }
         let name: String = index.get("name");
         let cols = sqlx::query(&format!("PRAGMA index_info({})", quote(&name)))
-            .fetch_all(pool)
+            .fetch_all(&mut *conn)
             .await
             .db()?;
         let cols: HashSet<String> = cols.iter().map(|r| r.get::<String, _>("name")).collect();
