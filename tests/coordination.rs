@@ -111,15 +111,7 @@ async fn write_lock_held_by_another_process_is_waited_out_sqlite() {
 #[tokio::test]
 async fn finished_backfill_leaves_its_rows_in_the_database_file_sqlite() {
     let env = Env::orders(Backend::Sqlite).await;
-    env.tidemark(&[
-        "backfill",
-        "orders",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2024-01-10",
-    ])
-    .expect_code(0, "backfill");
+    env.backfill_orders(1, 10).expect_code(0, "backfill");
     let crate::support::TestDb::Sqlite { path } = &env.db else {
         unreachable!("an SQLite test database")
     };
@@ -153,15 +145,7 @@ async fn prune_removes_only_old_history(backend: Backend) {
     cells[2] = "not-a-number".into(); // `total`, read as the decimal `amount`
     lines[1] = cells.join(",");
     std::fs::write(&csv, lines.join("\n") + "\n").expect("csv");
-    env.tidemark(&[
-        "backfill",
-        "orders",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2024-01-02",
-    ])
-    .expect_code(0, "backfill");
+    env.backfill_orders(1, 2).expect_code(0, "backfill");
     assert_eq!(env.db.count("FROM _tm_rejects").await, 1);
     assert_eq!(env.db.count("FROM _tm_attempts").await, 2);
 

@@ -266,17 +266,13 @@ fn assert_counts(entry: &Json, expected: [i64; 6], what: &str) {
     assert_eq!(actual, expected, "{what}: counts {names:?} in {entry}");
 }
 
-fn backfill(env: &Env, from: u32, to: u32) -> crate::support::Out {
-    env.tidemark(&["backfill", "orders", "--from", &day(from), "--to", &day(to)])
-}
-
 // ---------------------------------------------------------------------------
 // 1. A backfill loads exactly the source, with lineage and a full ledger
 // ---------------------------------------------------------------------------
 
 async fn backfill_loads_january_exactly(backend: Backend) {
     let env = Env::orders(backend).await;
-    let out = backfill(&env, 1, 31);
+    let out = env.backfill_orders(1, 31);
     out.expect_code(0, "backfill of January");
     assert!(
         out.stdout.contains("31 done"),
@@ -404,11 +400,11 @@ async fn backfill_loads_january_exactly(backend: Backend) {
 
 async fn rerun_of_done_periods_changes_nothing(backend: Backend) {
     let env = Env::orders(backend).await;
-    backfill(&env, 1, 31).expect_code(0, "first backfill");
+    env.backfill_orders(1, 31).expect_code(0, "first backfill");
     let rows_before = lineage_snapshot(&env.db, "1 = 1").await;
     let status_before = env.status("orders");
 
-    let out = backfill(&env, 1, 31);
+    let out = env.backfill_orders(1, 31);
     out.expect_code(0, "second backfill of done periods");
     assert!(
         out.stdout.contains("0 done, 31 already done (skipped)"),
@@ -481,7 +477,7 @@ async fn forced_rerun_with_keep(backend: Backend) {
 async fn forced_rerun_applies_edits(backend: Backend, on_missing: &str) {
     let env = Env::orders(backend).await;
     env.set_option("orders", "load", "on_missing", &format!("\"{on_missing}\""));
-    backfill(&env, 4, 6).expect_code(0, "initial backfill");
+    env.backfill_orders(4, 6).expect_code(0, "initial backfill");
     let db = &env.db;
     let others = format!("NOT ({})", of_day(db, 5));
     let others_before = lineage_snapshot(db, &others).await;
@@ -646,7 +642,7 @@ async fn malformed_value_fails_only_its_period(backend: Backend) {
     csv.set("O-20240103-005", "total", "12,x"); // row 5, line 6 of the file
     csv.write(&path);
 
-    let out = backfill(&env, 1, 4);
+    let out = env.backfill_orders(1, 4);
     out.expect_code(1, "backfill with a malformed value on day 3");
     for needle in ["amount", "12,x", "orders", "archive", "2024-01-03"] {
         assert!(
@@ -685,7 +681,7 @@ async fn malformed_value_fails_only_its_period(backend: Backend) {
     }
 
     fs::write(&path, original).expect("restore export");
-    let out = backfill(&env, 1, 4);
+    let out = env.backfill_orders(1, 4);
     out.expect_code(0, "backfill after fixing the file");
     let fixed = ledger(&env, 3);
     assert_eq!(text(&fixed, "status"), "done", "{fixed}");
@@ -734,7 +730,7 @@ async fn missing_file_is_a_source_error_without_retry(backend: Backend) {
 async fn vanished_file_never_wipes_a_period_unless_forced(backend: Backend) {
     let env = Env::orders(backend).await;
     env.set_option("orders", "sources", "missing", "\"empty\""); // on_missing = "delete" already
-    backfill(&env, 1, 2).expect_code(0, "initial backfill");
+    env.backfill_orders(1, 2).expect_code(0, "initial backfill");
     let day2_before = lineage_snapshot(&env.db, &of_day(&env.db, 2)).await;
     assert_eq!(day2_before.len(), 20);
     fs::remove_file(day_csv(&env, 2)).expect("remove export");
@@ -1632,7 +1628,8 @@ async fn usage_errors_exit_2_and_touch_nothing(backend: Backend) {
 /// contract error naming the column; nothing is written.
 async fn existing_table_contradicting_fields_is_a_contract_error(backend: Backend) {
     let env = Env::orders(backend).await;
-    backfill(&env, 1, 1).expect_code(0, "first load creates the table");
+    env.backfill_orders(1, 1)
+        .expect_code(0, "first load creates the table");
     let before = lineage_snapshot(&env.db, "1 = 1").await;
     env.edit_pipeline("orders", |t| {
         t.replace(

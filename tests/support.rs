@@ -651,6 +651,12 @@ impl Env {
         }
     }
 
+    /// `tidemark backfill orders` over January 2024's days `from..=to`.
+    pub fn backfill_orders(&self, from: u32, to: u32) -> Out {
+        let (from, to) = (format!("2024-01-{from:02}"), format!("2024-01-{to:02}"));
+        self.tidemark(&["backfill", "orders", "--from", &from, "--to", &to])
+    }
+
     /// Runs tidemark with neither `--database-url` nor any environment
     /// override: for commands that must not need a database.
     pub fn tidemark_bare(&self, args: &[&str]) -> Out {
