@@ -36,6 +36,43 @@ use crate::{now_text, timestamp_text};
 /// How long opening waits for a busy file, as long as the busy timeout.
 const OPEN_DEADLINE: Duration = Duration::from_secs(60);
 
+/// How long the ledger migration is retried after losing a race.
+const MIGRATE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Runs `op` until it succeeds, fails with an error `retryable` rejects, or
+/// `deadline` has passed, sleeping with jittered exponential backoff
+/// (10 ms doubling to 500 ms) in between. For start-up steps that race
+/// other processes opening the same file.
+async fn retry_while<T, E, Fut>(
+    what: &str,
+    deadline: Duration,
+    retryable: impl Fn(&E) -> bool,
+    mut op: impl FnMut() -> Fut,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    // Bounded by the deadline, not by a count of tries.
+    let backoff = tidemark_core::spec::RetryPolicy {
+        max_attempts: u32::MAX,
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(500),
+    };
+    let deadline = tokio::time::Instant::now() + deadline;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match op().await {
+            Err(e) if retryable(&e) && tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, attempt, "{what}: trying again");
+                tokio::time::sleep(backoff.delay(attempt, None, rand::random::<f64>())).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Opens the pool, waiting while another process holds the file.
 ///
 /// The busy timeout covers almost every lock wait, but not one: a file
@@ -46,29 +83,19 @@ const OPEN_DEADLINE: Duration = Duration::from_secs(60);
 /// a `status` started together on a new file hit exactly that, so opening
 /// is retried with bounded, jittered backoff while the error is a busy one.
 async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, Error> {
-    // Bounded by the deadline, not by a count of tries.
-    let backoff = tidemark_core::spec::RetryPolicy {
-        max_attempts: u32::MAX,
-        base_delay: Duration::from_millis(10),
-        max_delay: Duration::from_millis(500),
-    };
-    let deadline = tokio::time::Instant::now() + OPEN_DEADLINE;
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let opened = SqlitePoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(120))
-            .connect_with(options.clone())
-            .await;
-        match opened {
-            Err(e) if is_sqlite_busy(&e) && tokio::time::Instant::now() < deadline => {
-                tracing::debug!(error = %e, attempt, "database busy while opening; trying again");
-                tokio::time::sleep(backoff.delay(attempt, None, rand::random::<f64>())).await;
-            }
-            other => return other.db(),
-        }
-    }
+    retry_while(
+        "database busy while opening",
+        OPEN_DEADLINE,
+        is_sqlite_busy,
+        || {
+            SqlitePoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(Duration::from_secs(120))
+                .connect_with(options.clone())
+        },
+    )
+    .await
+    .db()
 }
 
 /// A pool of connections to one SQLite file.
@@ -132,26 +159,18 @@ impl SqliteStore {
     /// migration; the loser fails on "already exists" after the winner
     /// committed, and simply tries again (and then finds nothing to do).
     pub(crate) async fn migrate(&self) -> Result<(), Error> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match sqlx::migrate!("../../migrations/sqlite")
-                .run(&self.pool)
-                .await
-            {
-                Ok(()) => return Ok(()),
-                Err(e) if tries < 5 => {
-                    tracing::debug!(error = %e, "ledger migration raced another process; trying again");
-                    tokio::time::sleep(Duration::from_millis(100 * tries)).await;
-                }
-                Err(e) => {
-                    return Err(Error::Database {
-                        message: format!("ledger migration failed: {e}"),
-                        transient: false,
-                    })
-                }
-            }
-        }
+        let migrator = sqlx::migrate!("../../migrations/sqlite");
+        retry_while(
+            "ledger migration raced another process",
+            MIGRATE_DEADLINE,
+            |_| true,
+            || migrator.run(&self.pool),
+        )
+        .await
+        .map_err(|e| Error::Database {
+            message: format!("ledger migration failed: {e}"),
+            transient: false,
+        })
     }
 
     pub(crate) async fn ensure_table(&self, schema: &TableSchema) -> Result<(), Error> {
