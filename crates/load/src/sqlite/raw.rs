@@ -171,18 +171,45 @@ impl<'c> RowStatement<'c> {
     /// the number of rows changed.
     fn execute(&mut self, row: &Row, texts: &mut Pieces<'_>) -> rusqlite::Result<usize> {
         for (i, value) in row.values.iter().enumerate() {
-            match value {
-                Value::Null => self.statement.raw_bind_parameter(i + 1, Null),
-                Value::Text(s) => self.statement.raw_bind_parameter(i + 1, s.as_str()),
-                Value::Int(n) => self.statement.raw_bind_parameter(i + 1, n),
-                Value::Float(f) => self.statement.raw_bind_parameter(i + 1, f),
-                Value::Bool(b) => self.statement.raw_bind_parameter(i + 1, i64::from(*b)),
-                _ => self.statement.raw_bind_parameter(i + 1, texts.next()),
+            match Bind::of(value) {
+                Bind::Null => self.statement.raw_bind_parameter(i + 1, Null),
+                Bind::Text(s) => self.statement.raw_bind_parameter(i + 1, s),
+                Bind::Int(n) => self.statement.raw_bind_parameter(i + 1, n),
+                Bind::Float(f) => self.statement.raw_bind_parameter(i + 1, f),
+                Bind::Rendered => self.statement.raw_bind_parameter(i + 1, texts.next()),
             }?;
         }
         self.statement
             .raw_bind_parameter(self.params.row_hash(), texts.next())?;
         self.statement.raw_execute()
+    }
+}
+
+/// How a value is bound: natively (integers, reals, booleans as 0/1,
+/// text), or as its canonical text from [`Rendered`]. The one place that
+/// decides, so rendering and binding agree on which values have a piece.
+enum Bind<'v> {
+    Null,
+    Text(&'v str),
+    Int(i64),
+    Float(f64),
+    Rendered,
+}
+
+impl<'v> Bind<'v> {
+    fn of(value: &'v Value) -> Self {
+        match value {
+            Value::Null => Bind::Null,
+            Value::Text(s) => Bind::Text(s),
+            Value::Int(n) => Bind::Int(*n),
+            Value::Float(f) => Bind::Float(*f),
+            Value::Bool(b) => Bind::Int(i64::from(*b)),
+            Value::Decimal(_)
+            | Value::Date(_)
+            | Value::Timestamp(_)
+            | Value::Timestamptz(_)
+            | Value::Json(_) => Bind::Rendered,
+        }
     }
 }
 
@@ -209,10 +236,7 @@ impl Rendered {
         for (row, _) in rows {
             rendered.firsts.push(rendered.ends.len());
             for value in &row.values {
-                if !matches!(
-                    value,
-                    Value::Null | Value::Text(_) | Value::Int(_) | Value::Float(_) | Value::Bool(_)
-                ) {
+                if matches!(Bind::of(value), Bind::Rendered) {
                     value.write_canonical(&mut rendered.text);
                     rendered.ends.push(rendered.text.len());
                 }
