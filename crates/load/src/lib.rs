@@ -72,9 +72,9 @@ impl Store {
 
     /// Closes every connection once the ones in use are returned.
     ///
-    /// On SQLite the last connection to close checkpoints the WAL into the
-    /// database file and removes it, so a finished command leaves one file,
-    /// not a WAL of up to a few hundred MiB for the next opener to replay.
+    /// On SQLite it first checkpoints the WAL into the database file and
+    /// empties it, so a finished command leaves its rows in that one file,
+    /// not in a WAL of up to a few hundred MiB for the next opener to replay.
     /// Bounded: a connection still held after 10 s is left to the process
     /// exit (SQLite then replays the WAL on the next open, losing nothing).
     pub async fn close(&self) {
