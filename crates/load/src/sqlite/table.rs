@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
-use sqlx::{Row as _, Sqlite, Transaction};
+use sqlx::{Connection as _, Row as _, Sqlite, Transaction};
 use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, FieldType};
 
@@ -46,13 +46,12 @@ pub(super) async fn ensure_table(pool: &SqlitePool, schema: &TableSchema) -> Res
             .await
             .db()?;
     if exists.is_none() {
-        drop(conn);
-        return create_table(pool, schema).await;
+        return create_table(&mut conn, schema).await;
     }
     check_table(&mut conn, schema).await
 }
 
-async fn create_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Error> {
+async fn create_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Result<(), Error> {
     let mut columns: Vec<String> = schema
         .columns
         .iter()
@@ -64,7 +63,7 @@ async fn create_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Err
     }
     columns.push(format!("UNIQUE ({})", key_list(schema)));
     let table = quote(&schema.table);
-    let mut tx = pool.begin().await.db()?;
+    let mut tx = conn.begin().await.db()?;
     sqlx::query(&format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n  {}\n)",
         columns.join(",\n  ")
