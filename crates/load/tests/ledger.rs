@@ -587,6 +587,8 @@ both_backends!(
     soft_deleted_row_that_returns_is_revived,
     stored_keys_of_every_type_read_back_unchanged,
     resume_knows_what_committed_batches_saw,
+    run_key_rows_are_read_through_the_index,
+    table_created_by_another_connection_is_checked_on_a_fresh_schema,
 );
 
 /// Two schedulers and a `status` started together on a new SQLite file:
@@ -624,41 +626,51 @@ async fn execute_on(conn: &mut sqlx::SqliteConnection, sql: &str) {
     sqlx::query(sql).execute(conn).await.unwrap();
 }
 
-/// SQLite: reading one run key's rows (every re-sync does) goes through the
-/// run-key index, never a scan of the whole table.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_key_rows_are_read_through_the_index_sqlite() {
+/// Reading one run key's rows (every re-sync does) goes through the
+/// run-key index, never a scan of the whole table. PostgreSQL is asked with
+/// sequential scans discouraged, as its planner would scan a table this
+/// small anyway.
+async fn run_key_rows_are_read_through_the_index(postgres: bool) {
     let p = pipeline();
-    let (db, _store, _schema) = with_table(false, &p).await;
-    let mut c = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
-    let rows = sqlx::query(
-        "EXPLAIN QUERY PLAN SELECT _tm_row_hash FROM items
-         WHERE _tm_source = 's' AND _tm_export_type = 'e' AND _tm_period_start = '2024-01-01T00:00:00Z'",
-    )
-    .fetch_all(&mut c)
-    .await
-    .unwrap();
-    let detail: Vec<String> = rows
-        .iter()
-        .map(|r| sqlx::Row::get::<String, _>(r, "detail"))
-        .collect();
+    let (db, _store, _schema) = with_table(postgres, &p).await;
+    let query = "SELECT _tm_row_hash FROM items
+         WHERE _tm_source = 's' AND _tm_export_type = 'e' AND _tm_period_start = '2024-01-01T00:00:00Z'";
+    let plan: Vec<String> = if postgres {
+        let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::query("SET enable_seqscan = off")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        sqlx::query_scalar(&format!("EXPLAIN {query}"))
+            .fetch_all(&mut c)
+            .await
+            .unwrap()
+    } else {
+        let mut c = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+        let rows = sqlx::query(&format!("EXPLAIN QUERY PLAN {query}"))
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| sqlx::Row::get::<String, _>(r, "detail"))
+            .collect()
+    };
     assert!(
-        detail
-            .iter()
-            .any(|d| d.contains("USING INDEX items__tm_run_key")),
-        "{detail:?}"
+        plan.iter().any(|line| line.contains("items__tm_run_key")),
+        "{plan:?}"
     );
+    db.drop_db().await;
 }
 
-/// SQLite: a table another process created after this store's connections
-/// read the schema is checked against the fresh schema. Periods starting
-/// together on a new database hit this: one creates the table, the other
-/// checked it on a pooled connection whose schema predated it and saw no
-/// UNIQUE index ("no UNIQUE constraint on exactly the natural key").
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn table_created_by_another_connection_is_checked_on_a_fresh_schema_sqlite() {
+/// A table another process created after this store's connections read
+/// the schema is checked against the fresh schema. On SQLite, periods
+/// starting together on a new database hit this: one creates the table,
+/// the other checked it on a pooled connection whose schema predated it
+/// and saw no UNIQUE index ("no UNIQUE constraint on exactly the natural
+/// key").
+async fn table_created_by_another_connection_is_checked_on_a_fresh_schema(postgres: bool) {
     let p = pipeline();
-    let db = TestDb::new(false).await;
+    let db = TestDb::new(postgres).await;
     let store = Store::connect(&db.url).await.unwrap();
     // Every pooled connection reads the schema, before the table exists.
     let (a, b, c, d) = tokio::join!(
@@ -676,4 +688,5 @@ async fn table_created_by_another_connection_is_checked_on_a_fresh_schema_sqlite
     for _ in 0..8 {
         store.ensure_table(&schema).await.unwrap();
     }
+    db.drop_db().await;
 }
