@@ -241,7 +241,7 @@ impl Rendered {
                     rendered.ends.push(rendered.text.len());
                 }
             }
-            let _ = write!(rendered.text, "{:032x}", row.row_hash.0);
+            let _ = write!(rendered.text, "{}", row.row_hash);
             rendered.ends.push(rendered.text.len());
         }
         rendered
