@@ -11,7 +11,7 @@ use std::str::FromStr;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, SecondsFormat, Utc};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::xxh3_128;
 
 /// The type of an output column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -125,24 +125,17 @@ impl Value {
 
     /// Appends the canonical text to `out` (hot paths reuse one buffer);
     /// returns false, appending nothing, for NULL.
-    pub fn write_canonical(&self, out: &mut String) -> bool {
-        use std::fmt::Write;
+    pub fn write_canonical(&self, out: &mut impl fmt::Write) -> bool {
         let _ = match self {
             Value::Null => return false,
-            Value::Text(s) => {
-                out.push_str(s);
-                Ok(())
-            }
+            Value::Text(s) => out.write_str(s),
             Value::Int(i) => write!(out, "{i}"),
             Value::Float(f) => write!(out, "{f}"),
             Value::Decimal(d) => write!(out, "{}", d.normalize()),
             Value::Bool(b) => write!(out, "{b}"),
             Value::Date(d) => write!(out, "{}", d.format(DATE_FORMAT)),
             Value::Timestamp(t) => write!(out, "{}", t.format(TIMESTAMP_FORMAT)),
-            Value::Timestamptz(t) => {
-                out.push_str(&t.to_rfc3339_opts(SecondsFormat::AutoSi, true));
-                Ok(())
-            }
+            Value::Timestamptz(t) => out.write_str(&t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
             Value::Json(j) => write!(out, "{j}"),
         };
         true
@@ -255,42 +248,60 @@ pub struct Row {
     pub row_hash: Hash128,
 }
 
-/// Incremental hasher over typed values. One scratch buffer serves every
-/// value, so hashing a row allocates nothing per field.
+/// Hasher over typed values: the encoding of every value goes into one
+/// buffer, hashed in one call at the end. Feeding xxh3's streaming state
+/// four small pieces per field (tag, presence, length, text) and setting up
+/// that state per row was 9% of a first backfill's samples; the one-shot
+/// hash of the same bytes is the same hash.
 struct ValueHasher {
-    state: Xxh3,
-    scratch: String,
+    input: Vec<u8>,
 }
 
 impl ValueHasher {
     fn new() -> Self {
         ValueHasher {
-            state: Xxh3::new(),
-            // Grows on the first non-text value; a text-only key never allocates.
-            scratch: String::new(),
+            input: Vec::with_capacity(256),
         }
     }
 
     fn add(&mut self, ty: FieldType, value: &Value) {
-        self.state.update(&[ty.tag()]);
-        let text: &str = match value {
-            Value::Text(s) => s,
-            other => {
-                self.scratch.clear();
-                if !other.write_canonical(&mut self.scratch) {
-                    self.state.update(&[0]);
-                    return;
-                }
-                &self.scratch
-            }
-        };
-        self.state.update(&[1]);
-        self.state.update(&(text.len() as u64).to_le_bytes());
-        self.state.update(text.as_bytes());
+        self.input.push(ty.tag());
+        if let Value::Text(s) = value {
+            self.push_text(s.as_bytes());
+            return;
+        }
+        // The length goes before the text: reserve it, write the text in
+        // place, then fill it in.
+        let at = self.input.len();
+        self.input.extend_from_slice(&[1; 9]);
+        if !value.write_canonical(&mut ByteWriter(&mut self.input)) {
+            self.input.truncate(at);
+            self.input.push(0);
+            return;
+        }
+        let len = (self.input.len() - at - 9) as u64;
+        self.input[at + 1..at + 9].copy_from_slice(&len.to_le_bytes());
+    }
+
+    fn push_text(&mut self, text: &[u8]) {
+        self.input.push(1);
+        self.input
+            .extend_from_slice(&(text.len() as u64).to_le_bytes());
+        self.input.extend_from_slice(text);
     }
 
     fn finish(&self) -> Hash128 {
-        Hash128(self.state.digest128())
+        Hash128(xxh3_128(&self.input))
+    }
+}
+
+/// Lets `write!` append UTF-8 text to a byte buffer.
+struct ByteWriter<'a>(&'a mut Vec<u8>);
+
+impl fmt::Write for ByteWriter<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
     }
 }
 
@@ -346,6 +357,20 @@ mod tests {
         assert_eq!(
             row_hash(&types, &values).to_hex(),
             "7422027bdcd411228c330ee16f5f14b4"
+        );
+    }
+
+    #[test]
+    fn row_hash_of_long_values_is_pinned() {
+        // Lengths over 255 bytes take more than one byte of the length
+        // prefix, for text and for a value written in canonical form.
+        let long = "x".repeat(300);
+        let json = serde_json::json!({ "note": long.clone(), "n": [1, 2, 3] });
+        let types = [FieldType::Text, FieldType::Json, FieldType::Date];
+        let values = [Value::Text(long), Value::Json(json), Value::Null];
+        assert_eq!(
+            row_hash(&types, &values).to_hex(),
+            "e68ab0a1646466467f18e1fc63b324e2"
         );
     }
 
