@@ -102,14 +102,9 @@ fn request(instance: &str) -> ClaimRequest {
 }
 
 fn row(id: i64, name: &str) -> Row {
-    use tidemark_core::value::{key_hash, row_hash};
     use tidemark_core::{FieldType, Value};
     let values = vec![Value::Int(id), Value::Text(name.into())];
-    Row {
-        key_hash: key_hash([(FieldType::Int, &values[0])]),
-        row_hash: row_hash(&[FieldType::Int, FieldType::Text], &values),
-        values,
-    }
+    Row::new(&[FieldType::Int, FieldType::Text], &[0], values)
 }
 
 fn claimed(claim: Claim) -> ClaimedRun {
@@ -319,7 +314,6 @@ async fn soft_deleted_row_that_returns_is_revived(postgres: bool) {
 /// Stored keys of every key type read back to the hashes the transform
 /// computes, so an identical re-sync writes nothing on either backend.
 async fn stored_keys_of_every_type_read_back_unchanged(postgres: bool) {
-    use tidemark_core::value::{key_hash, row_hash};
     use tidemark_core::{FieldType, Value};
     let p = Pipeline::parse(
         r#"
@@ -370,11 +364,7 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
                 Value::Float(1.5),
                 Value::from_canonical_text(FieldType::Json, r#"{"a":[1,2],"b":"x"}"#).unwrap(),
             ];
-            Row {
-                key_hash: key_hash(schema.key.iter().map(|&k| (types[k], &values[k]))),
-                row_hash: row_hash(&types, &values),
-                values,
-            }
+            Row::new(&types, &schema.key, values)
         })
         .collect();
     let key = key(&p, "2024-01-01");

@@ -73,7 +73,6 @@ mod plan;
 pub use tidemark_core::value::Row;
 
 use tidemark_core::template::TemplateContext;
-use tidemark_core::value::{key_hash, row_hash};
 use tidemark_core::{Error, FieldType, Period, Pipeline, RawData, RawRecord, RawValue, Value};
 
 use crate::parse::Raw;
@@ -170,17 +169,7 @@ impl Transformer {
                 return Err(invalid(record, name, "", EMPTY_KEY));
             }
         }
-        let key_hash = key_hash(
-            self.key_indices
-                .iter()
-                .filter_map(|&i| Some((*self.types.get(i)?, values.get(i)?))),
-        );
-        let row_hash = row_hash(&self.types, &values);
-        Ok(Row {
-            values,
-            key_hash,
-            row_hash,
-        })
+        Ok(Row::new(&self.types, &self.key_indices, values))
     }
 }
 

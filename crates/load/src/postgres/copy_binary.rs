@@ -44,16 +44,12 @@ pub(super) fn encode_rows(
         message: format!("table {} has too many columns for COPY", schema.table),
         transient: false,
     })?;
-    let mut hex = String::with_capacity(32);
     for (row, _) in rows {
         buf.extend_from_slice(&fields.to_be_bytes());
         for (value, (name, _)) in row.values.iter().zip(&schema.columns) {
             encode_value(&mut buf, value).map_err(|why| encode_error(schema, row, name, why))?;
         }
-        hex.clear();
-        use std::fmt::Write as _;
-        let _ = write!(hex, "{:032x}", row.row_hash.0);
-        encode_lineage(&mut buf, lineage, &hex)
+        encode_lineage(&mut buf, lineage, row.row_hash.hex().as_str())
             .map_err(|(name, why)| encode_error(schema, row, name, why))?;
     }
     buf.extend_from_slice(&(-1i16).to_be_bytes());
@@ -154,7 +150,7 @@ fn encode_error(schema: &TableSchema, row: &Row, field: &str, why: String) -> Er
 mod tests {
     use super::*;
     use chrono::NaiveDateTime;
-    use tidemark_core::{FieldType, Hash128};
+    use tidemark_core::FieldType;
 
     fn schema() -> TableSchema {
         TableSchema {
@@ -179,11 +175,11 @@ mod tests {
     }
 
     fn row(at: NaiveDateTime) -> Row {
-        Row {
-            values: vec![Value::Text("A-1".into()), Value::Timestamp(at)],
-            key_hash: Hash128(1),
-            row_hash: Hash128(2),
-        }
+        Row::new(
+            &[FieldType::Text, FieldType::Timestamp],
+            &[0],
+            vec![Value::Text("A-1".into()), Value::Timestamp(at)],
+        )
     }
 
     #[test]

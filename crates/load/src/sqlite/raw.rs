@@ -10,10 +10,8 @@
 //! one single-row `INSERT` prepared per batch with its parameters rebound
 //! per row, as the `sqlite3` shell's `.import` does, and rows read in place.
 
-use std::fmt::Write as _;
-
-use rusqlite::types::{Null, ValueRef};
-use rusqlite::{Connection, ErrorCode, Statement};
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, ErrorCode};
 use sqlx::SqliteConnection;
 use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
@@ -24,6 +22,10 @@ use crate::schema::{
 };
 use crate::stored::StoredHashes;
 use crate::writer::{Lineage, StoredRow, Write, WriteCounts};
+
+mod statement;
+
+use statement::BorrowingStatement;
 
 /// Runs `work` on `conn`'s raw SQLite handle. Inside a transaction, the work
 /// is part of it.
@@ -134,19 +136,21 @@ fn update_sql(schema: &TableSchema, only_if_different: bool) -> String {
 
 /// One prepared write statement with the batch's lineage bound once;
 /// parameters survive `reset`, so each row rebinds only its own values.
-struct RowStatement<'c> {
-    statement: Statement<'c>,
+/// Texts are bound in place (see [`statement`]), so the rows and their
+/// rendered texts must outlive the statement: `'d`.
+struct RowStatement<'c, 'd> {
+    statement: BorrowingStatement<'c, 'd>,
     params: Params,
 }
 
-impl<'c> RowStatement<'c> {
+impl<'c, 'd> RowStatement<'c, 'd> {
     fn prepare(
         conn: &'c Connection,
         sql: &str,
         schema: &TableSchema,
-        stamp: &Stamp<'_>,
+        stamp: &'d Stamp<'d>,
     ) -> Result<Self, Error> {
-        let mut statement = conn.prepare(sql).db()?;
+        let mut statement = BorrowingStatement::prepare(conn, sql).db()?;
         let params = Params {
             fields: schema.columns.len(),
         };
@@ -156,32 +160,30 @@ impl<'c> RowStatement<'c> {
             stamp.lineage.period_start.as_str(),
             stamp.run_id,
         ];
-        for (i, value) in lineage.iter().enumerate() {
-            statement
-                .raw_bind_parameter(params.lineage(i), value)
-                .db()?;
+        for (i, value) in lineage.into_iter().enumerate() {
+            statement.bind_text(params.lineage(i), value).db()?;
         }
         statement
-            .raw_bind_parameter(params.lineage(5), stamp.loaded_at)
+            .bind_text(params.lineage(5), stamp.loaded_at)
             .db()?;
         Ok(RowStatement { statement, params })
     }
 
     /// Binds `row`, with its pre-rendered texts, and runs the statement:
     /// the number of rows changed.
-    fn execute(&mut self, row: &Row, texts: &mut Pieces<'_>) -> rusqlite::Result<usize> {
+    fn execute(&mut self, row: &'d Row, texts: &mut Pieces<'d>) -> rusqlite::Result<usize> {
         for (i, value) in row.values.iter().enumerate() {
             match Bind::of(value) {
-                Bind::Null => self.statement.raw_bind_parameter(i + 1, Null),
-                Bind::Text(s) => self.statement.raw_bind_parameter(i + 1, s),
-                Bind::Int(n) => self.statement.raw_bind_parameter(i + 1, n),
-                Bind::Float(f) => self.statement.raw_bind_parameter(i + 1, f),
-                Bind::Rendered => self.statement.raw_bind_parameter(i + 1, texts.next()),
+                Bind::Null => self.statement.bind_null(i + 1),
+                Bind::Text(s) => self.statement.bind_text(i + 1, s),
+                Bind::Int(n) => self.statement.bind_int(i + 1, n),
+                Bind::Float(f) => self.statement.bind_float(i + 1, f),
+                Bind::Rendered => self.statement.bind_text(i + 1, texts.next()),
             }?;
         }
         self.statement
-            .raw_bind_parameter(self.params.row_hash(), texts.next())?;
-        self.statement.raw_execute()
+            .bind_text(self.params.row_hash(), texts.next())?;
+        self.statement.execute()
     }
 }
 
@@ -241,7 +243,7 @@ impl Rendered {
                     rendered.ends.push(rendered.text.len());
                 }
             }
-            let _ = write!(rendered.text, "{}", row.row_hash);
+            rendered.text.push_str(row.row_hash.hex().as_str());
             rendered.ends.push(rendered.text.len());
         }
         rendered
@@ -290,12 +292,12 @@ fn is_unique_violation(err: &rusqlite::Error) -> bool {
 /// exists under another run key the failed single-row `INSERT` has written
 /// nothing (SQLite undoes just that statement) and the row is updated
 /// instead, only if something differs.
-pub(super) fn write_rows(
+pub(super) fn write_rows<'d>(
     conn: &Connection,
     schema: &TableSchema,
-    stamp: &Stamp<'_>,
-    rows: &[(&Row, Write)],
-    rendered: &Rendered,
+    stamp: &'d Stamp<'d>,
+    rows: &'d [(&'d Row, Write)],
+    rendered: &'d Rendered,
 ) -> Result<WriteCounts, Error> {
     let mut insert = RowStatement::prepare(conn, &insert_sql(schema), schema, stamp)?;
     let mut update = RowStatement::prepare(conn, &update_sql(schema, false), schema, stamp)?;
@@ -441,57 +443,123 @@ fn decode(stored: ValueRef<'_>, table: &str, name: &str, ty: FieldType) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::quote;
     use std::str::FromStr;
 
-    fn row(values: Vec<Value>, row_hash: u128) -> Row {
-        Row {
-            values,
-            key_hash: Hash128(0),
-            row_hash: Hash128(row_hash),
+    fn schema() -> TableSchema {
+        TableSchema {
+            table: "items".into(),
+            columns: vec![
+                ("id".into(), FieldType::Text),
+                ("amount".into(), FieldType::Decimal),
+                ("n".into(), FieldType::Int),
+                ("at".into(), FieldType::Timestamptz),
+                ("doc".into(), FieldType::Json),
+            ],
+            key: vec![0],
+            soft_delete: false,
         }
     }
 
-    /// Each row's pieces are its non-native values' canonical texts in
-    /// field order, then its hash; native values and NULLs take none.
+    fn table(schema: &TableSchema) -> Connection {
+        let conn = Connection::open_in_memory().expect("in-memory database");
+        let mut columns: Vec<String> = schema.columns.iter().map(|(n, _)| quote(n)).collect();
+        columns.extend(LINEAGE_COLUMNS.iter().map(ToString::to_string));
+        conn.execute_batch(&format!(
+            "CREATE TABLE items ({}, UNIQUE (id))",
+            columns.join(", ")
+        ))
+        .expect("table");
+        conn
+    }
+
+    fn lineage() -> Lineage {
+        Lineage {
+            pipeline: "p".into(),
+            source: "s".into(),
+            export_type: "e".into(),
+            period_start: "2024-01-01T00:00:00Z".into(),
+            period_end: "2024-01-02T00:00:00Z".into(),
+        }
+    }
+
+    /// Decimals, times and JSON are stored as their canonical texts, and
+    /// the hash as 32 hex digits; native values and NULLs as themselves.
+    /// Every text is bound in place, so this also checks that each row
+    /// gets its own pieces.
     #[test]
-    fn rendered_pieces_follow_each_rows_values() {
+    fn rows_are_stored_with_their_canonical_texts() {
+        let schema = schema();
+        let types: Vec<FieldType> = schema.columns.iter().map(|(_, t)| *t).collect();
         let time = chrono::DateTime::parse_from_rfc3339("2024-01-02T03:04:05.5+01:00")
             .unwrap()
             .with_timezone(&chrono::Utc);
-        let first = row(
+        let first = Row::new(
+            &types,
+            &schema.key,
             vec![
                 Value::Text("A-1".into()),
                 Value::Decimal(rust_decimal::Decimal::from_str("10.50").unwrap()),
-                Value::Null,
                 Value::Int(7),
                 Value::Timestamptz(time),
+                Value::Null,
             ],
-            0xab,
         );
-        let second = row(
+        let second = Row::new(
+            &types,
+            &schema.key,
             vec![
                 Value::Text("A-2".into()),
                 Value::Null,
-                Value::Json(serde_json::json!({"b": 1, "a": [true]})),
-                Value::Bool(true),
                 Value::Null,
+                Value::Null,
+                Value::Json(serde_json::json!({"b": 1, "a": [true]})),
             ],
-            u128::MAX,
         );
-        let rows = [(&first, Write::Upsert), (&second, Write::Update)];
+        let rows = [(&first, Write::Upsert), (&second, Write::Upsert)];
+        let conn = table(&schema);
+        let lineage = lineage();
+        let stamp = Stamp {
+            lineage: &lineage,
+            run_id: "run",
+            loaded_at: "2024-01-03T00:00:00Z",
+        };
         let rendered = Rendered::new(&rows);
+        let written = write_rows(&conn, &schema, &stamp, &rows, &rendered).expect("written");
+        assert_eq!(written.inserted, 2);
 
-        let mut pieces = rendered.row(0);
-        assert_eq!(pieces.next(), "10.5");
-        assert_eq!(pieces.next(), "2024-01-02T02:04:05.500Z");
-        assert_eq!(pieces.next(), format!("{:032x}", 0xab));
+        let stored = |id: &str| -> Vec<String> {
+            conn.query_row(
+                "SELECT quote(amount), quote(n), quote(at), quote(doc), _tm_row_hash FROM items WHERE id = ?",
+                [id],
+                |r| (0..5).map(|i| r.get::<_, String>(i)).collect(),
+            )
+            .expect("row")
+        };
+        assert_eq!(
+            stored("A-1"),
+            vec![
+                "'10.5'".to_string(),
+                "7".into(),
+                "'2024-01-02T02:04:05.500Z'".into(),
+                "NULL".into(),
+                first.row_hash.to_hex(),
+            ]
+        );
+        assert_eq!(
+            stored("A-2"),
+            vec![
+                "NULL".to_string(),
+                "NULL".into(),
+                "NULL".into(),
+                r#"'{"a":[true],"b":1}'"#.into(),
+                second.row_hash.to_hex(),
+            ]
+        );
 
-        // A row can be bound twice (insert, then update): each cursor
-        // starts over at the row's first piece.
-        for _ in 0..2 {
-            let mut pieces = rendered.row(1);
-            assert_eq!(pieces.next(), r#"{"a":[true],"b":1}"#);
-            assert_eq!(pieces.next(), "f".repeat(32));
-        }
+        // The same rows again: each insert hits the key and the row is then
+        // bound a second time, for the update that finds nothing changed.
+        let again = write_rows(&conn, &schema, &stamp, &rows, &rendered).expect("written");
+        assert_eq!((again.inserted, again.updated, again.unchanged), (0, 0, 2));
     }
 }
