@@ -228,7 +228,7 @@ def pg_baseline(folder, days, total, shape=False):
 SQLITE_PLAIN = ("CREATE TABLE orders (order_id TEXT PRIMARY KEY, quantity INTEGER, customer TEXT, amount TEXT, "
                 "status TEXT, created_at TEXT, updated_at TEXT, note TEXT);")
 SQLITE_SHAPE = ("CREATE TABLE orders (order_id TEXT, quantity INTEGER, customer TEXT, amount DECIMAL_TEXT, "
-                "status TEXT, created_at TIMESTAMPTZ, updated_at TIMESTAMPTZ, note TEXT, _tm_source TEXT NOT NULL, "
+                "status TEXT, created_at TIMESTAMPTZ_TEXT, updated_at TIMESTAMPTZ_TEXT, note TEXT, _tm_source TEXT NOT NULL, "
                 "_tm_export_type TEXT NOT NULL, _tm_period_start TEXT NOT NULL, _tm_run_id TEXT NOT NULL, "
                 "_tm_row_hash TEXT NOT NULL, _tm_loaded_at TEXT NOT NULL, UNIQUE (order_id)); "
                 "CREATE INDEX orders__tm_run_key ON orders (_tm_period_start);")

@@ -74,20 +74,20 @@ impl TableSchema {
 
 /// What an existing table lacks or contradicts: every `[fields]` column with
 /// its type, and every lineage column. `actual` is `(name, declared type)`
-/// as the database reports it; `expected` gives that report for a field
-/// type and `shown` the type's name in messages. Shared by both backends so
-/// they word contract errors alike.
+/// as the database reports it; `accepts` says whether such a report fits a
+/// field type and `shown` names the type in messages. Shared by both
+/// backends so they word contract errors alike.
 pub(crate) fn column_problems(
     schema: &TableSchema,
     actual: &[(String, String)],
-    expected: impl Fn(FieldType) -> &'static str,
+    accepts: impl Fn(FieldType, &str) -> bool,
     shown: impl Fn(FieldType) -> &'static str,
 ) -> Vec<String> {
     let mut problems = Vec::new();
     for (name, ty) in &schema.columns {
         match actual.iter().find(|(n, _)| n == name) {
             None => problems.push(format!("column `{name}` is missing (field of type {ty})")),
-            Some((_, declared)) if declared != expected(*ty) => problems.push(format!(
+            Some((_, declared)) if !accepts(*ty, declared) => problems.push(format!(
                 "column `{name}` is {declared}, but field `{name}` has type {ty} (expected {})",
                 shown(*ty)
             )),

@@ -612,6 +612,92 @@ async fn sqlite_open_waits_for_a_writer_on_a_new_file() {
     );
 }
 
+const TIMES_PIPELINE: &str = r#"
+name = "p"
+export_type = "e"
+[period]
+granularity = "day"
+[[sources]]
+id = "s"
+transport = "file"
+format = "csv"
+path = "x.csv"
+[fields]
+id = { type = "int", required = true }
+day = { type = "date" }
+ts = { type = "timestamp" }
+tz = { type = "timestamptz" }
+[load]
+table = "times"
+key = ["id"]
+"#;
+
+/// New SQLite tables declare dates and times `*_TEXT` (TEXT affinity, so
+/// SQLite stores the text without first trying to read it as a number);
+/// tables created by earlier builds declared `DATE`, `TIMESTAMP` and
+/// `TIMESTAMPTZ`, and are still accepted and loaded into, with the same
+/// stored texts and hashes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_time_columns_of_earlier_tables_are_still_accepted() {
+    use tidemark_core::{FieldType, Value};
+    let p = Pipeline::parse(TIMES_PIPELINE, Path::new("p.toml")).unwrap();
+    let schema = TableSchema::from_pipeline(&p);
+    let values = |i: i64| {
+        vec![
+            Value::Int(i),
+            Value::from_canonical_text(FieldType::Date, "2024-02-29").unwrap(),
+            Value::from_canonical_text(FieldType::Timestamp, "2024-01-02T03:04:05.25").unwrap(),
+            Value::from_canonical_text(FieldType::Timestamptz, "2024-01-02T03:04:05Z").unwrap(),
+        ]
+    };
+    let rows: Vec<Row> = (1..=3)
+        .map(|i| Row::new(&schema.types(), &schema.key, values(i)))
+        .collect();
+    for earlier in [false, true] {
+        let db = TestDb::new(false).await;
+        let store = Store::connect(&db.url).await.unwrap();
+        if earlier {
+            execute(
+                &db.url,
+                "CREATE TABLE times (id INTEGER, day DATE, ts TIMESTAMP, tz TIMESTAMPTZ,
+                   _tm_source TEXT NOT NULL, _tm_export_type TEXT NOT NULL,
+                   _tm_period_start TEXT NOT NULL, _tm_run_id TEXT NOT NULL,
+                   _tm_row_hash TEXT NOT NULL, _tm_loaded_at TEXT NOT NULL, UNIQUE (id))",
+            )
+            .await;
+        }
+        store.ensure_table(&schema).await.unwrap();
+        let declared = scalar(
+            &db.url,
+            "SELECT count(*) FROM pragma_table_info('times')
+             WHERE type IN ('DATE_TEXT', 'TIMESTAMP_TEXT', 'TIMESTAMPTZ_TEXT')",
+        )
+        .await;
+        assert_eq!(
+            declared,
+            if earlier { 0 } else { 3 },
+            "earlier table: {earlier}"
+        );
+        let key = key(&p, "2024-01-01");
+        let first = load_once(&store, &schema, &key, &request("a"), &rows, &reconcile()).await;
+        assert_eq!(first["rows_inserted"].as_u64(), Some(3), "{first}");
+        let force = ClaimRequest {
+            force: true,
+            ..request("a")
+        };
+        let again = load_once(&store, &schema, &key, &force, &rows, &reconcile()).await;
+        assert_eq!(again["rows_unchanged"].as_u64(), Some(3), "{again}");
+        let stored = scalar(
+            &db.url,
+            "SELECT count(*) FROM times WHERE typeof(day) = 'text' AND day = '2024-02-29'
+               AND ts = '2024-01-02T03:04:05.250' AND tz = '2024-01-02T03:04:05Z'",
+        )
+        .await;
+        assert_eq!(stored, 3, "earlier table: {earlier}");
+        db.drop_db().await;
+    }
+}
+
 async fn execute_on(conn: &mut sqlx::SqliteConnection, sql: &str) {
     sqlx::query(sql).execute(conn).await.unwrap();
 }

@@ -129,7 +129,12 @@ async fn check_table(
     .fetch_all(&mut **tx)
     .await
     .db()?;
-    let problems = column_problems(schema, &actual, information_schema_type, pg_type);
+    let problems = column_problems(
+        schema,
+        &actual,
+        |ty, declared| declared == information_schema_type(ty),
+        pg_type,
+    );
     let contract = |message: String| Error::Contract {
         table: schema.table.clone(),
         message,
