@@ -11,7 +11,9 @@
 //! per row, as the `sqlite3` shell's `.import` does, and rows read in place.
 
 use rusqlite::types::ValueRef;
-use rusqlite::{Connection, ErrorCode};
+use std::ffi::{c_char, c_int, c_void};
+
+use rusqlite::{ffi, Connection, ErrorCode};
 use sqlx::SqliteConnection;
 use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
@@ -45,6 +47,52 @@ pub(super) async fn with_raw<R>(
     drop(borrowed);
     drop(handle);
     result
+}
+
+/// Wakes the background checkpointer when a commit leaves the WAL at
+/// `threshold` frames or more; see [`install_wal_hook`].
+#[derive(Debug)]
+pub(super) struct WalSignal {
+    pub(super) threshold: c_int,
+    pub(super) notify: tokio::sync::Notify,
+}
+
+/// Replaces SQLite's automatic checkpoint on `conn` with a signal to the
+/// background checkpointer. The automatic one copies the WAL into the file
+/// inside `COMMIT`, on the committing connection, so the run that committed
+/// waited for every page of it before it could write its next batch.
+pub(super) async fn install_wal_hook(
+    conn: &mut SqliteConnection,
+    signal: &'static WalSignal,
+) -> Result<(), sqlx::Error> {
+    let mut handle = conn.lock_handle().await?;
+    let raw = handle.as_raw_handle();
+    let arg: *const WalSignal = signal;
+    // SAFETY: `handle` keeps every other thread off the connection during
+    // the call. `signal` lives for the whole program, so the pointer stays
+    // valid for every later call of the hook, on whatever thread commits.
+    #[allow(unsafe_code)]
+    unsafe {
+        ffi::sqlite3_wal_hook(raw.as_ptr(), Some(on_wal_commit), arg.cast_mut().cast());
+    }
+    Ok(())
+}
+
+/// SQLite calls this after each commit in WAL mode with the WAL's frame
+/// count. It must not fail or block: it only wakes the checkpointer.
+#[allow(unsafe_code)]
+unsafe extern "C" fn on_wal_commit(
+    arg: *mut c_void,
+    _db: *mut ffi::sqlite3,
+    _name: *const c_char,
+    frames: c_int,
+) -> c_int {
+    // SAFETY: `arg` is the `&'static WalSignal` given to `install_wal_hook`.
+    let signal = unsafe { &*arg.cast::<WalSignal>() };
+    if frames >= signal.threshold {
+        signal.notify.notify_one();
+    }
+    ffi::SQLITE_OK
 }
 
 /// Runs synchronous database work without stalling the other tasks of a
