@@ -9,7 +9,10 @@ use sqlx::Connection;
 use tidemark_core::{Error, Pipeline, Row, RunKey};
 use tidemark_load::{Claim, ClaimRequest, ClaimedRun, Store, TableSchema, WorkerId};
 
-const PIPELINE: &str = r#"
+/// Everything but `[fields]` and `[load]`, shared by the test pipelines.
+macro_rules! pipeline_header {
+    () => {
+        r#"
 name = "p"
 export_type = "e"
 [period]
@@ -19,13 +22,20 @@ id = "s"
 transport = "file"
 format = "csv"
 path = "x.csv"
-[fields]
+"#
+    };
+}
+
+const PIPELINE: &str = concat!(
+    pipeline_header!(),
+    r#"[fields]
 id = { type = "int", required = true }
 name = { type = "text" }
 [load]
 table = "items"
 key = ["id"]
-"#;
+"#
+);
 
 /// A fresh database for one test: a SQLite file, or a PostgreSQL database
 /// created on the test server and dropped afterwards.
@@ -316,17 +326,9 @@ async fn soft_deleted_row_that_returns_is_revived(postgres: bool) {
 async fn stored_keys_of_every_type_read_back_unchanged(postgres: bool) {
     use tidemark_core::{FieldType, Value};
     let p = Pipeline::parse(
-        r#"
-name = "p"
-export_type = "e"
-[period]
-granularity = "day"
-[[sources]]
-id = "s"
-transport = "file"
-format = "csv"
-path = "x.csv"
-[fields]
+        concat!(
+            pipeline_header!(),
+            r#"[fields]
 t = { type = "text", required = true }
 n = { type = "int", required = true }
 d = { type = "decimal", required = true }
@@ -340,7 +342,8 @@ j = { type = "json" }
 [load]
 table = "typed"
 key = ["t", "n", "d", "b", "day", "ts", "tz"]
-"#,
+"#
+        ),
         Path::new("p.toml"),
     )
     .unwrap();
@@ -612,17 +615,9 @@ async fn sqlite_open_waits_for_a_writer_on_a_new_file() {
     );
 }
 
-const TIMES_PIPELINE: &str = r#"
-name = "p"
-export_type = "e"
-[period]
-granularity = "day"
-[[sources]]
-id = "s"
-transport = "file"
-format = "csv"
-path = "x.csv"
-[fields]
+const TIMES_PIPELINE: &str = concat!(
+    pipeline_header!(),
+    r#"[fields]
 id = { type = "int", required = true }
 day = { type = "date" }
 ts = { type = "timestamp" }
@@ -630,7 +625,8 @@ tz = { type = "timestamptz" }
 [load]
 table = "times"
 key = ["id"]
-"#;
+"#
+);
 
 /// New SQLite tables declare dates and times `*_TEXT` (TEXT affinity, so
 /// SQLite stores the text without first trying to read it as a number);
