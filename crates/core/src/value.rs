@@ -305,12 +305,10 @@ impl ValueHasher {
         }
     }
 
+    /// Type tag, then 0 for NULL, or 1, the canonical text's length (u64,
+    /// little endian) and the text.
     fn add(&mut self, ty: FieldType, value: &Value) {
         self.input.push(ty.tag());
-        if let Value::Text(s) = value {
-            self.push_text(s.as_bytes());
-            return;
-        }
         // The length goes before the text: reserve it, write the text in
         // place, then fill it in.
         let at = self.input.len();
@@ -322,13 +320,6 @@ impl ValueHasher {
         }
         let len = (self.input.len() - at - 9) as u64;
         self.input[at + 1..at + 9].copy_from_slice(&len.to_le_bytes());
-    }
-
-    fn push_text(&mut self, text: &[u8]) {
-        self.input.push(1);
-        self.input
-            .extend_from_slice(&(text.len() as u64).to_le_bytes());
-        self.input.extend_from_slice(text);
     }
 
     fn finish(&self) -> Hash128 {
