@@ -72,6 +72,23 @@ impl TableSchema {
     }
 }
 
+#[cfg(test)]
+impl TableSchema {
+    /// A table of `columns` keyed on the first one, without soft deletes:
+    /// what the backends' unit tests load into.
+    pub(crate) fn for_test(table: &str, columns: &[(&str, FieldType)]) -> TableSchema {
+        TableSchema {
+            table: table.to_string(),
+            columns: columns
+                .iter()
+                .map(|(name, ty)| ((*name).to_string(), *ty))
+                .collect(),
+            key: vec![0],
+            soft_delete: false,
+        }
+    }
+}
+
 /// What an existing table lacks or contradicts: every `[fields]` column with
 /// its type, and every lineage column. `actual` is `(name, declared type)`
 /// as the database reports it; `accepts` says whether such a report fits a

@@ -153,15 +153,10 @@ mod tests {
     use tidemark_core::FieldType;
 
     fn schema() -> TableSchema {
-        TableSchema {
-            table: "items".into(),
-            columns: vec![
-                ("id".into(), FieldType::Text),
-                ("at".into(), FieldType::Timestamp),
-            ],
-            key: vec![0],
-            soft_delete: false,
-        }
+        TableSchema::for_test(
+            "items",
+            &[("id", FieldType::Text), ("at", FieldType::Timestamp)],
+        )
     }
 
     fn lineage() -> LineageValues<'static> {

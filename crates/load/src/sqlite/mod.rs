@@ -120,7 +120,7 @@ const WAL_CHECKPOINT_FRAMES: c_int = 10_000;
 /// connection: the run waited for 80 MB of copying and two `fsync`s before
 /// it could write its next batch. Here the run goes on writing while the
 /// pages are copied (`PASSIVE`: never waits for, nor blocks, a writer or a
-/// reader). A single 1,000,000-row period: 2.90-3.43 s -> 2.54-2.62 s
+/// reader). A single 1,000,000-row period: 2.85-3.18 s -> 2.51-2.67 s
 /// (ADR 0003, decision 16). Wake-ups that arrive during a checkpoint fold
 /// into one more pass.
 async fn checkpoint_in_background(pool: SqlitePool, signal: &'static WalSignal) {

@@ -10,9 +10,9 @@
 //! one single-row `INSERT` prepared per batch with its parameters rebound
 //! per row, as the `sqlite3` shell's `.import` does, and rows read in place.
 
-use rusqlite::types::ValueRef;
 use std::ffi::{c_char, c_int, c_void};
 
+use rusqlite::types::ValueRef;
 use rusqlite::{ffi, Connection, ErrorCode};
 use sqlx::SqliteConnection;
 use tidemark_core::{Error, FieldType, Hash128, Row, Value};
@@ -495,18 +495,16 @@ mod tests {
     use std::str::FromStr;
 
     fn schema() -> TableSchema {
-        TableSchema {
-            table: "items".into(),
-            columns: vec![
-                ("id".into(), FieldType::Text),
-                ("amount".into(), FieldType::Decimal),
-                ("n".into(), FieldType::Int),
-                ("at".into(), FieldType::Timestamptz),
-                ("doc".into(), FieldType::Json),
+        TableSchema::for_test(
+            "items",
+            &[
+                ("id", FieldType::Text),
+                ("amount", FieldType::Decimal),
+                ("n", FieldType::Int),
+                ("at", FieldType::Timestamptz),
+                ("doc", FieldType::Json),
             ],
-            key: vec![0],
-            soft_delete: false,
-        }
+        )
     }
 
     fn table(schema: &TableSchema) -> Connection {
@@ -538,7 +536,7 @@ mod tests {
     #[test]
     fn rows_are_stored_with_their_canonical_texts() {
         let schema = schema();
-        let types: Vec<FieldType> = schema.columns.iter().map(|(_, t)| *t).collect();
+        let types = schema.types();
         let time = chrono::DateTime::parse_from_rfc3339("2024-01-02T03:04:05.5+01:00")
             .unwrap()
             .with_timezone(&chrono::Utc);

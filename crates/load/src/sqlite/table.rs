@@ -21,9 +21,10 @@ use crate::writer::{Lineage, Reject};
 /// SQLite does not store natively is stored as its canonical text and
 /// declared `*_TEXT`, which gives the column TEXT affinity: SQLite keeps
 /// the text as it is. Dates and times were declared `DATE`, `TIMESTAMP`
-/// and `TIMESTAMPTZ` before (tables created then keep them); NUMERIC affinity stored the same
-/// text, but only after trying to read it as a number on every insert
-/// (1.4% of a first backfill's instructions with two time columns).
+/// and `TIMESTAMPTZ` before (tables created then keep them): NUMERIC
+/// affinity stored the same text, but only after trying to read it as a
+/// number on every insert (1.2% of a first backfill's instructions with
+/// two time columns).
 fn sql_type(ty: FieldType) -> &'static str {
     match ty {
         FieldType::Text => "TEXT",
