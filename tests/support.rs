@@ -651,6 +651,25 @@ impl Env {
         }
     }
 
+    /// Runs tidemark with the environment variables `unset` removed (other
+    /// tests of this process may have set them).
+    pub fn tidemark_without(&self, unset: &[&str], args: &[&str]) -> Out {
+        let started = Instant::now();
+        let mut command = self.command(args);
+        for name in unset {
+            command.env_remove(name);
+        }
+        let output = command
+            .output()
+            .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}"));
+        Out {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            elapsed: started.elapsed(),
+        }
+    }
+
     /// `tidemark backfill orders` over January 2024's days `from..=to`.
     pub fn backfill_orders(&self, from: u32, to: u32) -> Out {
         let (from, to) = (format!("2024-01-{from:02}"), format!("2024-01-{to:02}"));

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod commands;
 mod coordination;
 mod foundation;
 mod http;

@@ -4,18 +4,19 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tidemark_core::{Error, Period, Pipeline, RunKey};
-use tidemark_load::{Store, WorkerId};
+use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
+use tidemark_load::{RunStatus, Store, WorkerId};
 
 use crate::cli::{
     BackfillArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, StatusArgs, SyncArgs,
     ValidateArgs,
 };
-use crate::engine::{worst_exit_code, Job, Outcome, RunFlags};
+use crate::engine::{Job, Outcome, RunFlags};
+use crate::exit::Exit;
 use crate::output;
 
-/// Runs the command; `Ok(exit code)` once something ran.
-pub async fn dispatch(cli: Cli) -> Result<u8, Error> {
+/// Runs the command; `Ok(exit)` once something ran.
+pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
     match cli.command {
         Command::Run(args) => run(&cli.global, args).await,
         Command::Backfill(args) => backfill(&cli.global, args).await,
@@ -30,7 +31,7 @@ pub async fn dispatch(cli: Cli) -> Result<u8, Error> {
                 .migrate()
                 .await?;
             tell!("ledger migrations applied");
-            Ok(0)
+            Ok(Exit::Success)
         }
     }
 }
@@ -44,7 +45,9 @@ pub fn pipeline_path(global: &Global, name: &str) -> PathBuf {
     }
 }
 
-/// Loads a pipeline and checks that every `${ENV}` it reads is set.
+/// Loads and checks a pipeline, without its secrets: what commands that
+/// only read or tidy the ledger need (`status`). An unset `${NAME}`
+/// matters only to commands that contact the source.
 pub fn load_pipeline(global: &Global, name: &str) -> Result<Pipeline, Error> {
     let path = pipeline_path(global, name);
     if !path.exists() {
@@ -58,7 +61,13 @@ pub fn load_pipeline(global: &Global, name: &str) -> Result<Pipeline, Error> {
             ),
         ));
     }
-    let pipeline = Pipeline::load(&path)?;
+    Pipeline::load(&path)
+}
+
+/// Loads a pipeline that is about to contact its sources: every `${ENV}`
+/// its templates read must be set.
+pub fn load_runnable(global: &Global, name: &str) -> Result<Pipeline, Error> {
+    let pipeline = load_pipeline(global, name)?;
     pipeline.check_env()?;
     Ok(pipeline)
 }
@@ -126,28 +135,20 @@ fn jobs(
     Ok(jobs)
 }
 
-async fn run(global: &Global, args: RunArgs) -> Result<u8, Error> {
-    let pipeline = Arc::new(load_pipeline(global, &args.pipeline)?);
+async fn run(global: &Global, args: RunArgs) -> Result<Exit, Error> {
+    let pipeline = Arc::new(load_runnable(global, &args.pipeline)?);
     let period = pipeline.period(&args.period)?;
     source_ids(&pipeline, args.options.source.as_deref())?;
     let store = Store::connect(&global.database_url).await?;
-    let mut codes = Vec::new();
+    let mut exits = Vec::new();
     for job in jobs(&store, &pipeline, &[period], &args.options, args.wait)? {
         let key = job.key.clone();
         let outcome = job.run().await;
         output::print_outcome(&key, &outcome);
-        codes.push(outcome_code(&outcome));
+        exits.push(Exit::of_outcome(&outcome));
     }
     store.close().await;
-    Ok(worst_exit_code(codes))
-}
-
-/// Configuration errors discovered while running keep exit code 2.
-pub fn outcome_code(outcome: &Outcome) -> u8 {
-    match outcome {
-        Outcome::Failed(e) if e.class() == tidemark_core::ErrorClass::Config => crate::EXIT_CONFIG,
-        other => other.exit_code(),
-    }
+    Ok(Exit::worst(exits))
 }
 
 /// Runs jobs `concurrency` at a time (with a progress bar when `progress`
@@ -188,8 +189,8 @@ pub async fn run_jobs(
     results
 }
 
-async fn backfill(global: &Global, args: BackfillArgs) -> Result<u8, Error> {
-    let pipeline = Arc::new(load_pipeline(global, &args.pipeline)?);
+async fn backfill(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
+    let pipeline = Arc::new(load_runnable(global, &args.pipeline)?);
     let from = pipeline.period(&args.from)?;
     let to = pipeline.period(&args.to)?;
     if to.start() < from.start() {
@@ -206,8 +207,8 @@ async fn backfill(global: &Global, args: BackfillArgs) -> Result<u8, Error> {
     let results = run_jobs(jobs, usize::from(args.concurrency), true).await;
     store.close().await;
     output::print_summary(&results);
-    Ok(worst_exit_code(
-        results.iter().map(|(_, o)| outcome_code(o)),
+    Ok(Exit::worst(
+        results.iter().map(|(_, o)| Exit::of_outcome(o)),
     ))
 }
 
@@ -228,7 +229,7 @@ pub fn all_pipelines(global: &Global) -> Result<Vec<Pipeline>, Error> {
     paths.sort();
     paths
         .iter()
-        .map(|p| load_pipeline(global, &p.display().to_string()))
+        .map(|p| load_runnable(global, &p.display().to_string()))
         .collect()
 }
 
@@ -245,7 +246,7 @@ pub async fn sync_jobs(
         .status(&pipeline.spec.name, None)
         .await?
         .into_iter()
-        .filter(|e| e.status == "done" && e.export_type == pipeline.spec.export_type)
+        .filter(|e| e.status == RunStatus::Done && e.export_type == pipeline.spec.export_type)
         .map(|e| (e.source, e.period_start))
         .collect();
     let lookback = usize::try_from(pipeline.spec.period.lookback).unwrap_or(usize::MAX);
@@ -289,13 +290,13 @@ pub async fn sync_jobs(
     Ok(jobs)
 }
 
-async fn sync(global: &Global, args: SyncArgs) -> Result<u8, Error> {
+async fn sync(global: &Global, args: SyncArgs) -> Result<Exit, Error> {
     let pipelines = if args.all {
         all_pipelines(global)?
     } else {
         args.names
             .iter()
-            .map(|n| load_pipeline(global, n))
+            .map(|n| load_runnable(global, n))
             .collect::<Result<Vec<_>, _>>()?
     };
     for pipeline in &pipelines {
@@ -317,17 +318,17 @@ async fn sync(global: &Global, args: SyncArgs) -> Result<u8, Error> {
     if jobs.is_empty() {
         say!("nothing due: every period up to now is done");
         store.close().await;
-        return Ok(0);
+        return Ok(Exit::Success);
     }
     let results = run_jobs(jobs, usize::from(args.concurrency), true).await;
     store.close().await;
     output::print_summary(&results);
-    Ok(worst_exit_code(
-        results.iter().map(|(_, o)| outcome_code(o)),
+    Ok(Exit::worst(
+        results.iter().map(|(_, o)| Exit::of_outcome(o)),
     ))
 }
 
-async fn status(global: &Global, args: StatusArgs) -> Result<u8, Error> {
+async fn status(global: &Global, args: StatusArgs) -> Result<Exit, Error> {
     let pipeline = load_pipeline(global, &args.pipeline)?;
     let period = args
         .period
@@ -346,13 +347,14 @@ async fn status(global: &Global, args: StatusArgs) -> Result<u8, Error> {
     } else {
         output::print_status_table(&pipeline, &entries);
     }
-    Ok(0)
+    store.close().await;
+    Ok(Exit::Success)
 }
 
-async fn validate(global: &Global, args: &ValidateArgs) -> Result<u8, Error> {
-    let mut code = 0;
+async fn validate(global: &Global, args: &ValidateArgs) -> Result<Exit, Error> {
+    let mut exits = Vec::new();
     for name in &args.names {
-        match load_pipeline(global, name) {
+        match load_runnable(global, name).and_then(|p| check_fields(&p).map(|()| p)) {
             Ok(p) => {
                 say!(
                     "ok: {} (pipeline {}, {} source(s), {} field(s), table {})",
@@ -363,27 +365,44 @@ async fn validate(global: &Global, args: &ValidateArgs) -> Result<u8, Error> {
                     p.spec.load.table
                 );
                 if args.check_source {
-                    code = code.max(check_sources(&p, args.period.as_deref()).await);
+                    exits.push(check_sources(&p, args.period.as_deref()).await);
                 }
             }
             Err(e) => {
                 tell!("error: {e}");
-                code = crate::EXIT_CONFIG;
+                exits.push(Exit::Usage);
             }
         }
     }
-    Ok(code)
+    Ok(Exit::worst(exits))
+}
+
+/// Compiles `[fields]` for every source, as a run would: a `default` that
+/// does not fit its type, or a `value` that does not, is a configuration
+/// error now rather than a failed run later.
+fn check_fields(pipeline: &Pipeline) -> Result<(), Error> {
+    let period = pipeline.first_period.unwrap_or_else(|| {
+        Period::containing_instant(
+            pipeline.spec.period.granularity,
+            pipeline.spec.period.timezone,
+            chrono::Utc::now(),
+        )
+    });
+    for source in &pipeline.spec.sources {
+        tidemark_transform::Transformer::new(pipeline, source.id(), &period)?;
+    }
+    Ok(())
 }
 
 /// `validate --check-source`: the first page of each source, and how its
 /// first record maps to the fields. Nothing is written.
-async fn check_sources(pipeline: &Pipeline, period: Option<&str>) -> u8 {
+async fn check_sources(pipeline: &Pipeline, period: Option<&str>) -> Exit {
     let period = match period {
         Some(text) => match pipeline.period(text) {
             Ok(p) => p,
             Err(e) => {
                 tell!("error: {e}");
-                return crate::EXIT_CONFIG;
+                return Exit::Usage;
             }
         },
         None => Period::containing_instant(
@@ -392,7 +411,7 @@ async fn check_sources(pipeline: &Pipeline, period: Option<&str>) -> u8 {
             chrono::Utc::now(),
         ),
     };
-    let mut code = 0;
+    let mut exits = Vec::new();
     for source in &pipeline.spec.sources {
         let checked = async {
             let page =
@@ -426,20 +445,21 @@ async fn check_sources(pipeline: &Pipeline, period: Option<&str>) -> u8 {
             }
             Err(e) => {
                 tell!("error: source {}: {e}", source.id());
-                code = code.max(if e.class() == tidemark_core::ErrorClass::Config {
-                    crate::EXIT_CONFIG
+                exits.push(if e.class() == ErrorClass::Config {
+                    Exit::Usage
                 } else {
-                    1
+                    Exit::Failed
                 });
             }
         }
     }
-    code
+    Exit::worst(exits)
 }
 
-async fn prune(global: &Global, args: PruneArgs) -> Result<u8, Error> {
+async fn prune(global: &Global, args: PruneArgs) -> Result<Exit, Error> {
     let store = Store::connect(&global.database_url).await?;
     let (attempts, rejects) = store.prune(args.older_than).await?;
+    store.close().await;
     say!("pruned {attempts} attempt record(s) and {rejects} rejected record(s)");
-    Ok(0)
+    Ok(Exit::Success)
 }

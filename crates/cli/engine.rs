@@ -36,28 +36,6 @@ pub enum Outcome {
     Failed(Error),
 }
 
-impl Outcome {
-    /// The contract's exit code for this outcome.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Outcome::Done(_) | Outcome::AlreadyDone(_) => 0,
-            Outcome::Held { .. } | Outcome::Failed(Error::LeaseLost(_)) => 75,
-            Outcome::Failed(_) => 1,
-        }
-    }
-}
-
-/// The worst exit code of several outcomes: 1 beats 75 beats 0.
-pub fn worst_exit_code(codes: impl IntoIterator<Item = u8>) -> u8 {
-    codes
-        .into_iter()
-        .fold(0, |worst, code| match (worst, code) {
-            (1, _) | (_, 1) => 1,
-            (75, _) | (_, 75) => 75,
-            _ => 0,
-        })
-}
-
 /// Flags of one invocation.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunFlags {
@@ -418,14 +396,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn worst_exit_code_prefers_failure_then_held() {
-        assert_eq!(worst_exit_code([0, 0]), 0);
-        assert_eq!(worst_exit_code([0, 75, 0]), 75);
-        assert_eq!(worst_exit_code([75, 1, 0]), 1);
-        assert_eq!(worst_exit_code([]), 0);
-    }
 
     #[tokio::test(start_paused = true)]
     async fn retries_only_transient_errors_and_stops_at_max_attempts() {

@@ -1,6 +1,7 @@
 //! The `tidemark` binary: parses the command line, loads pipelines, opens
-//! the database and maps outcomes to the contract's exit codes
-//! (0 ok, 1 a run failed, 2 usage/configuration, 75 held elsewhere).
+//! the database and maps outcomes to the contract's exit codes (decided in
+//! [`exit`]: 0 ok, 1 a run failed, 2 usage/configuration, 75 held
+//! elsewhere, 130/143 aborted by a second signal).
 
 /// `println!` that ignores a closed stdout (`tidemark status | head`):
 /// output is best-effort, the run's effect and exit code are not.
@@ -30,6 +31,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 mod cli;
 mod commands;
 mod engine;
+mod exit;
 mod output;
 mod prepare;
 mod serve;
@@ -37,19 +39,21 @@ mod serve;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tidemark_core::Error;
 
 use crate::cli::{Cli, LogFormat};
-
-/// Exit code for usage and configuration errors.
-pub const EXIT_CONFIG: u8 = 2;
+use crate::exit::Exit;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { EXIT_CONFIG } else { 0 });
+            return if e.use_stderr() {
+                Exit::Usage
+            } else {
+                Exit::Success
+            }
+            .into();
         }
     };
     init_logging(cli.global.log_format);
@@ -60,7 +64,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             tell!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
+            return Exit::Failed.into();
         }
     };
     let outcome = runtime.block_on(commands::dispatch(cli));
@@ -68,20 +72,11 @@ fn main() -> ExitCode {
     // still be blocked on a source (a pipe, a slow file system).
     runtime.shutdown_background();
     match outcome {
-        Ok(code) => ExitCode::from(code),
+        Ok(exit) => exit.into(),
         Err(e) => {
             tell!("error: {e}");
-            ExitCode::from(exit_code_of(&e))
+            Exit::of_error(&e).into()
         }
-    }
-}
-
-/// The exit code of an error that stopped a command before any run.
-fn exit_code_of(error: &Error) -> u8 {
-    match error {
-        Error::Config { .. } => EXIT_CONFIG,
-        Error::LeaseLost(_) => 75,
-        _ => 1,
     }
 }
 

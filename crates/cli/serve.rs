@@ -15,8 +15,9 @@ use tokio::task::JoinSet;
 use crate::cli::{Global, RunOptions, ServeArgs};
 use crate::commands::{all_pipelines, run_jobs, sync_jobs};
 use crate::engine::Outcome;
+use crate::exit::Exit;
 
-pub async fn serve(global: &Global, args: ServeArgs) -> Result<u8, Error> {
+pub async fn serve(global: &Global, args: ServeArgs) -> Result<Exit, Error> {
     let pipelines: Vec<Arc<Pipeline>> = all_pipelines(global)?
         .into_iter()
         .filter(|p| {
@@ -86,7 +87,7 @@ pub async fn serve(global: &Global, args: ServeArgs) -> Result<u8, Error> {
     );
     while running.join_next().await.is_some() {}
     store.close().await;
-    Ok(0)
+    Ok(Exit::Success)
 }
 
 /// One scheduled `sync` of one pipeline; outcomes are logged, not fatal.

@@ -23,7 +23,13 @@ use std::time::Duration;
 
 use tidemark_core::{Error, RunKey};
 
-pub use ledger::{Claim, ClaimRequest, ClaimedRun, Counts, Lease, LedgerEntry, WorkerId};
+use ledger::driver::Driver as _;
+use ledger::flow;
+
+pub use ledger::{
+    process_is_gone, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Lease, LedgerEntry,
+    RunStatus, UnknownState, WorkerId,
+};
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter};
 
@@ -102,12 +108,12 @@ impl Store {
 
     /// Takes the run key for a new attempt, or explains why not.
     pub async fn claim(&self, key: &RunKey, request: &ClaimRequest) -> Result<Claim, Error> {
-        dispatch!(self, s => s.claim(key, request).await)
+        dispatch!(self, s => flow::claim(s, key, request).await)
     }
 
     /// Extends the lease. `Ok(false)` when the attempt no longer holds it.
     pub async fn heartbeat(&self, lease: &Lease, ttl: Duration) -> Result<bool, Error> {
-        dispatch!(self, s => s.heartbeat(lease, ttl).await)
+        dispatch!(self, s => flow::heartbeat(s, lease, ttl).await)
     }
 
     /// Records a failed attempt (fenced: a superseded attempt changes nothing).
@@ -117,14 +123,14 @@ impl Store {
         counts: &Counts,
         error: &Error,
     ) -> Result<(), Error> {
-        dispatch!(self, s => s.mark_failed(lease, counts, error).await)
+        dispatch!(self, s => flow::mark_failed(s, lease, counts, error).await)
     }
 
     /// Forgets a resumable checkpoint so the attempt starts the period over,
     /// under a new run id (returned): rows the run wrote before must not
     /// count as seen by the fresh start.
     pub async fn restart_fresh(&self, lease: &Lease) -> Result<String, Error> {
-        dispatch!(self, s => s.restart_fresh(lease).await)
+        dispatch!(self, s => flow::restart_fresh(s, lease).await)
     }
 
     /// Ledger rows of a pipeline, optionally for one period start.
@@ -133,13 +139,47 @@ impl Store {
         pipeline: &str,
         period_start: Option<&str>,
     ) -> Result<Vec<LedgerEntry>, Error> {
-        dispatch!(self, s => s.status(pipeline, period_start).await)
+        dispatch!(self, s => flow::status(s, pipeline, period_start).await)
     }
 
     /// Deletes attempt history and rejects older than `age`. Returns the
     /// number of attempt rows and reject rows removed.
     pub async fn prune(&self, age: Duration) -> Result<(u64, u64), Error> {
-        dispatch!(self, s => s.prune(age).await)
+        dispatch!(self, s => flow::prune(s, age).await)
+    }
+
+    /// The run key's stored rows (see [`ledger::driver::Driver::stored_rows`]).
+    pub(crate) async fn stored_rows(
+        &self,
+        schema: &TableSchema,
+        lineage: &writer::Lineage,
+        run_id: Option<&str>,
+    ) -> Result<Vec<writer::StoredRow>, Error> {
+        dispatch!(self, s => s.stored_rows(schema, lineage, run_id).await)
+    }
+
+    /// Commits one batch of a run (see [`flow::apply_batch`]).
+    pub(crate) async fn apply_batch(
+        &self,
+        lease: &Lease,
+        schema: &TableSchema,
+        lineage: &writer::Lineage,
+        batch: &writer::BatchWrite<'_>,
+    ) -> Result<writer::BatchOutcome, Error> {
+        dispatch!(self, s => flow::apply_batch(s, lease, schema, lineage, batch).await)
+    }
+
+    /// Reconciles and marks the run done (see [`flow::finish`]).
+    pub(crate) async fn finish_run(
+        &self,
+        lease: &Lease,
+        schema: &TableSchema,
+        lineage: &writer::Lineage,
+        existing: &stored::StoredHashes,
+        reconcile: &Reconcile,
+        counts: Counts,
+    ) -> Result<serde_json::Value, Error> {
+        dispatch!(self, s => flow::finish(s, lease, schema, lineage, existing, reconcile, counts).await)
     }
 
     /// Starts writing the batches of a claimed run.
@@ -167,7 +207,7 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-/// The current time as stored in the ledger: RFC 3339, UTC, milliseconds.
+/// The current time as SQLite stores it: RFC 3339, UTC, milliseconds.
 pub(crate) fn now_text() -> String {
     timestamp_text(chrono::Utc::now())
 }

@@ -15,7 +15,7 @@ use tidemark_core::{Error, Hash128, Row, RunKey};
 use crate::ledger::{encode_hashes, ClaimedRun, Counts, Lease};
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
-use crate::{Backend, Store};
+use crate::Store;
 
 /// A rejected record, kept in `_tm_rejects`.
 #[derive(Debug, Clone)]
@@ -85,6 +85,13 @@ pub(crate) struct StoredRow {
     pub row_hash: Hash128,
     /// The row carries this run's id: a resumed run wrote it before.
     pub written_by_run: bool,
+}
+
+/// Lineage values stamped on every row a batch writes.
+pub(crate) struct Stamp<'a> {
+    pub lineage: &'a Lineage,
+    pub run_id: &'a str,
+    pub loaded_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// The run key's identity as stored in lineage columns.
@@ -163,10 +170,7 @@ impl RunWriter {
         // Only a resumed run can find rows it wrote itself; a fresh run's id
         // is new, so the per-row comparison is skipped.
         let run_id = (run.batches > 0).then_some(run.lease.run_id.as_str());
-        let stored = match &store.backend {
-            Backend::Sqlite(s) => s.stored_rows(&schema, &lineage, run_id).await?,
-            Backend::Postgres(s) => s.stored_rows(&schema, &lineage, run_id).await?,
-        };
+        let stored = store.stored_rows(&schema, &lineage, run_id).await?;
         let ours: Vec<Hash128> = stored
             .iter()
             .filter(|stored| stored.written_by_run)
@@ -267,16 +271,10 @@ impl RunWriter {
             batch_no: self.batches + 1,
             try_direct_copy,
         };
-        let outcome = match &self.store.backend {
-            Backend::Sqlite(s) => {
-                s.apply_batch(&self.lease, &self.schema, &self.lineage, &batch)
-                    .await?
-            }
-            Backend::Postgres(s) => {
-                s.apply_batch(&self.lease, &self.schema, &self.lineage, &batch)
-                    .await?
-            }
-        };
+        let outcome = self
+            .store
+            .apply_batch(&self.lease, &self.schema, &self.lineage, &batch)
+            .await?;
         // Committed: only now does in-memory state move forward.
         let mut counts = batch.counts;
         outcome.written.apply(&mut counts);
@@ -314,30 +312,17 @@ impl RunWriter {
             },
             ..*reconcile
         };
-        let result = match &self.store.backend {
-            Backend::Sqlite(s) => {
-                s.finish(
-                    &self.lease,
-                    &self.schema,
-                    &self.lineage,
-                    &self.existing,
-                    &reconcile,
-                    self.counts,
-                )
-                .await?
-            }
-            Backend::Postgres(s) => {
-                s.finish(
-                    &self.lease,
-                    &self.schema,
-                    &self.lineage,
-                    &self.existing,
-                    &reconcile,
-                    self.counts,
-                )
-                .await?
-            }
-        };
+        let result = self
+            .store
+            .finish_run(
+                &self.lease,
+                &self.schema,
+                &self.lineage,
+                &self.existing,
+                &reconcile,
+                self.counts,
+            )
+            .await?;
         if let Some(deleted) = result
             .get("rows_deleted")
             .and_then(serde_json::Value::as_u64)

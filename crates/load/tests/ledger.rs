@@ -2,6 +2,7 @@
 //! concurrent claims, fencing of superseded attempts, contract checks.
 
 use std::path::Path;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -565,6 +566,99 @@ async fn scalar(url: &str, sql: &str) -> i64 {
     }
 }
 
+/// A ledger created by the first migration, with a done run key, its
+/// attempt history and a crashed run's remembered batch, survives the
+/// upgrade to the current states intact (SQLite rebuilds its tables for
+/// the new CHECK constraints: the cascade must not eat the history), and
+/// the new states are then accepted.
+async fn ledger_of_the_first_migration_upgrades_with_its_history(postgres: bool) {
+    let db = TestDb::new(postgres).await;
+    let dialect = if postgres { "postgres" } else { "sqlite" };
+    let first = tempfile::tempdir().unwrap();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../../migrations/{dialect}/0001_ledger.sql"));
+    std::fs::copy(&source, first.path().join("0001_ledger.sql")).unwrap();
+    let migrator = sqlx::migrate::Migrator::new(first.path()).await.unwrap();
+    let (now, bytes) = if postgres {
+        ("now()", "'\\x00ff'::bytea")
+    } else {
+        ("'2024-01-01T00:00:00.000Z'", "x'00ff'")
+    };
+    let seed = [
+        format!(
+            "INSERT INTO _tm_runs (id, pipeline, source, export_type, period_start, period_end, status, attempt,
+                                   run_id, rows_read, rows_inserted, created_at, updated_at)
+             VALUES (7, 'p', 's', 'e', '2024-01-01T00:00:00Z', '2024-01-02T00:00:00Z', 'done', 2, 'r', 5, 5, {now}, {now})"
+        ),
+        format!(
+            "INSERT INTO _tm_attempts (run_ref, attempt, run_id, worker, status, started_at)
+             VALUES (7, 1, 'r', 'w', 'lost', {now}), (7, 2, 'r', 'w', 'done', {now})"
+        ),
+        format!("INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES (7, 'r', 1, {bytes})"),
+    ];
+    if postgres {
+        let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        migrator.run(&mut c).await.unwrap();
+        for sql in &seed {
+            sqlx::query(sql).execute(&mut c).await.unwrap();
+        }
+    } else {
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(&db.url)
+            .unwrap()
+            .create_if_missing(true);
+        let mut c = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .unwrap();
+        migrator.run(&mut c).await.unwrap();
+        for sql in &seed {
+            sqlx::query(sql).execute(&mut c).await.unwrap();
+        }
+    }
+
+    let store = Store::connect(&db.url).await.expect("upgrades");
+    let entries = store.status("p", None).await.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].status, tidemark_load::RunStatus::Done);
+    assert_eq!(
+        (entries[0].attempts, entries[0].counts.rows_inserted),
+        (2, 5)
+    );
+    assert_eq!(
+        scalar(
+            &db.url,
+            "SELECT count(*) FROM _tm_attempts WHERE run_ref = 7"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        scalar(
+            &db.url,
+            "SELECT count(*) FROM _tm_batches WHERE run_ref = 7"
+        )
+        .await,
+        1
+    );
+    execute(
+        &db.url,
+        "UPDATE _tm_runs SET status = 'cancelled' WHERE id = 7",
+    )
+    .await;
+    execute(
+        &db.url,
+        "UPDATE _tm_attempts SET status = 'interrupted' WHERE attempt = 1",
+    )
+    .await;
+    // Foreign keys still hold after the rebuild: deleting the run cascades.
+    execute(&db.url, "DELETE FROM _tm_runs WHERE id = 7").await;
+    assert_eq!(
+        scalar(&db.url, "SELECT count(*) FROM _tm_attempts").await,
+        0
+    );
+    store.close().await;
+    db.drop_db().await;
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(false).await } )* }
@@ -573,6 +667,7 @@ macro_rules! both_backends {
 }
 
 both_backends!(
+    ledger_of_the_first_migration_upgrades_with_its_history,
     concurrent_claims_have_exactly_one_winner,
     superseded_attempt_cannot_commit,
     changed_key_type_is_a_contract_error,

@@ -72,9 +72,13 @@ impl Planner<'_> {
             tz: self.pipeline.spec.period.timezone,
         };
         let default = match &spec.default {
-            Some(d) => {
-                Some(default_value(&parser, d).map_err(|m| self.config(name, "default", m))?)
-            }
+            Some(d) => Some(default_value(&parser, d).map_err(|m| {
+                self.config(
+                    name,
+                    "default",
+                    format!("{d} does not fit type {}: {m}", spec.ty),
+                )
+            })?),
             None => None,
         };
         let mut column = Column {

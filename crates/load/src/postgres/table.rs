@@ -11,7 +11,6 @@
 //!    merged with one `INSERT … SELECT … ON CONFLICT DO UPDATE … WHERE the
 //!    hash or run key differs`, so identical rows are never rewritten.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
@@ -23,7 +22,7 @@ use tidemark_core::{Error, FieldType, Row, Value};
 use super::copy_binary::{encode_rows, LineageValues};
 use crate::db_error::DbResultExt;
 use crate::schema::{column_problems, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
-use crate::writer::{BatchOutcome, BatchWrite, Lineage, Reject, WriteCounts};
+use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, WriteCounts};
 
 /// The PostgreSQL type of a field type.
 fn pg_type(ty: FieldType) -> &'static str {
@@ -183,15 +182,8 @@ fn key_list(schema: &TableSchema) -> String {
         .join(", ")
 }
 
-/// Lineage values stamped on every written row.
-pub(super) struct Stamp<'a> {
-    pub lineage: &'a Lineage,
-    pub run_id: &'a str,
-    pub loaded_at: DateTime<Utc>,
-}
-
 /// The batch in binary `COPY` encoding: values, then lineage columns.
-fn copy_data(
+pub(super) fn copy_data(
     schema: &TableSchema,
     rows: &[(&Row, crate::writer::Write)],
     stamp: &Stamp<'_>,
@@ -237,18 +229,17 @@ async fn copy_into(
 pub(super) async fn write_rows(
     tx: &mut Transaction<'_, Postgres>,
     schema: &TableSchema,
-    stamp: &Stamp<'_>,
     batch: &BatchWrite<'_>,
+    data: &[u8],
 ) -> Result<BatchOutcome, Error> {
     let mut outcome = BatchOutcome::default();
     if batch.rows.is_empty() {
         return Ok(outcome);
     }
-    let data = copy_data(schema, &batch.rows, stamp)?;
     let columns = column_list(schema);
     if batch.try_direct_copy {
         let mut savepoint = sqlx::Connection::begin(&mut **tx).await.db()?;
-        match copy_into(&mut savepoint, &quote(&schema.table), &columns, &data).await {
+        match copy_into(&mut savepoint, &quote(&schema.table), &columns, data).await {
             Ok(n) => {
                 savepoint.commit().await.db()?;
                 outcome.written.inserted = n;
@@ -262,7 +253,7 @@ pub(super) async fn write_rows(
             Err(e) => return Err(crate::db_error::db_error(e)),
         }
     }
-    outcome.written = merge_through_stage(tx, schema, &columns, &data, batch.rows.len()).await?;
+    outcome.written = merge_through_stage(tx, schema, &columns, data, batch.rows.len()).await?;
     Ok(outcome)
 }
 
@@ -317,60 +308,6 @@ async fn merge_through_stage(
         updated: written - inserted,
         unchanged: (staged as u64).saturating_sub(written),
     })
-}
-
-pub(super) async fn insert_reject(
-    tx: &mut Transaction<'_, Postgres>,
-    lineage: &Lineage,
-    run_id: &str,
-    reject: &Reject,
-) -> Result<(), Error> {
-    sqlx::query(
-        "INSERT INTO _tm_rejects (pipeline, source, export_type, period_start, run_id, location, field, value,
-                                  reason, record, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now())",
-    )
-    .bind(&lineage.pipeline)
-    .bind(&lineage.source)
-    .bind(&lineage.export_type)
-    .bind(&lineage.period_start)
-    .bind(run_id)
-    .bind(visible_nul(&reject.location))
-    .bind(reject.field.as_deref().map(visible_nul))
-    .bind(reject.value.as_deref().map(visible_nul))
-    .bind(visible_nul(&reject.reason))
-    .bind(visible_nul_json(&reject.record))
-    .execute(&mut **tx)
-    .await
-    .db()?;
-    Ok(())
-}
-
-/// PostgreSQL's `text` and `jsonb` cannot hold U+0000, and a record
-/// rejected for holding one must still be kept: its NULs are stored as the
-/// six visible characters `\u0000`.
-fn visible_nul(text: &str) -> Cow<'_, str> {
-    if text.contains('\0') {
-        Cow::Owned(text.replace('\0', "\\u0000"))
-    } else {
-        Cow::Borrowed(text)
-    }
-}
-
-/// [`visible_nul`] for every string and key of a JSON value (a copy:
-/// rejects are few).
-fn visible_nul_json(value: &serde_json::Value) -> serde_json::Value {
-    use serde_json::Value as J;
-    match value {
-        J::String(s) => J::String(visible_nul(s).into_owned()),
-        J::Array(items) => J::Array(items.iter().map(visible_nul_json).collect()),
-        J::Object(map) => J::Object(
-            map.iter()
-                .map(|(k, v)| (visible_nul(k).into_owned(), visible_nul_json(v)))
-                .collect(),
-        ),
-        other => other.clone(),
-    }
 }
 
 /// Deletes (or soft-deletes) rows of the run key by natural key, joining

@@ -268,7 +268,7 @@ impl<'v> Bind<'v> {
 /// before the write lock is taken: formatting was 5% of a first backfill,
 /// all of it inside the one writer's critical section, where the other
 /// periods wait.
-pub(super) struct Rendered {
+pub(crate) struct Rendered {
     text: String,
     /// End offset in `text` of each piece, in row order.
     ends: Vec<usize>,

@@ -15,7 +15,7 @@ use tidemark_core::{Error, FieldType};
 
 use crate::db_error::DbResultExt;
 use crate::schema::{column_problems, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
-use crate::writer::{Lineage, Reject};
+use crate::writer::Lineage;
 
 /// The declared SQLite type of a field type, for new tables. Every type
 /// SQLite does not store natively is stored as its canonical text and
@@ -199,42 +199,13 @@ pub(super) struct Stamp<'a> {
     pub loaded_at: &'a str,
 }
 
-pub(super) async fn insert_reject(
-    tx: &mut Transaction<'_, Sqlite>,
-    lineage: &Lineage,
-    run_id: &str,
-    reject: &Reject,
-    now: &str,
-) -> Result<(), Error> {
-    sqlx::query(
-        "INSERT INTO _tm_rejects (pipeline, source, export_type, period_start, run_id, location, field, value,
-                                  reason, record, created_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&lineage.pipeline)
-    .bind(&lineage.source)
-    .bind(&lineage.export_type)
-    .bind(&lineage.period_start)
-    .bind(run_id)
-    .bind(&reject.location)
-    .bind(&reject.field)
-    .bind(&reject.value)
-    .bind(&reject.reason)
-    .bind(reject.record.to_string())
-    .bind(now)
-    .execute(&mut **tx)
-    .await
-    .db()?;
-    Ok(())
-}
-
 pub(super) async fn delete_rows(
     tx: &mut Transaction<'_, Sqlite>,
     schema: &TableSchema,
     on_missing: OnMissing,
     rowids: &[i64],
-    now: &str,
 ) -> Result<u64, Error> {
+    let now = crate::now_text();
     let table = quote(&schema.table);
     let mut deleted = 0;
     for chunk in rowids.chunks(500) {
@@ -247,7 +218,7 @@ pub(super) async fn delete_rows(
         };
         let mut query = sqlx::query(&sql);
         if on_missing == OnMissing::SoftDelete {
-            query = query.bind(now.to_string());
+            query = query.bind(now.clone());
         }
         for id in chunk {
             query = query.bind(*id);

@@ -1,0 +1,332 @@
+//! The driver boundary: what a database backend provides so that the
+//! ledger's flow ([`super::flow`]) can be written once.
+//!
+//! A backend supplies
+//! - a transaction that runs ledger SQL with neutral arguments ([`Arg`]) and
+//!   returns neutral rows ([`Record`]): the type mapping, and nothing else;
+//! - its [`Dialect`], which fills in the few SQL fragments the databases
+//!   spell differently (the clock, `FOR UPDATE`, `GREATEST`);
+//! - the data plane, whose fast paths really differ (SQLite's prepared
+//!   single-row statements on the raw handle, PostgreSQL's binary `COPY`):
+//!   reading a run key's stored hashes, writing a batch's rows, finding and
+//!   removing vanished rows, creating or checking the table.
+//!
+//! Everything a backend returns is already classified (`tidemark_core::Error`
+//! knows whether it is transient).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tidemark_core::spec::OnMissing;
+use tidemark_core::Error;
+
+use crate::schema::TableSchema;
+use crate::stored::StoredHashes;
+use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
+
+/// How a database spells the few things ledger SQL cannot write alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// PostgreSQL: `timestamptz` columns, row locks.
+    Postgres,
+    /// SQLite: times as RFC 3339 text (UTC, milliseconds), one writer.
+    Sqlite,
+}
+
+/// One value bound to a ledger statement (`$1`, `$2`, ...: both databases
+/// read numbered parameters).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Text(&'a str),
+    OptText(Option<&'a str>),
+    Bytes(&'a [u8]),
+    /// A JSON document (`jsonb` on PostgreSQL, text on SQLite).
+    Json(Option<&'a serde_json::Value>),
+}
+
+/// One value read from a ledger row.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Cell {
+    Null,
+    Int(i64),
+    Float(f64),
+    /// Text; times arrive as RFC 3339 text in UTC with milliseconds on
+    /// every backend.
+    Text(String),
+    Bytes(Vec<u8>),
+    Json(serde_json::Value),
+}
+
+/// One row read by ledger SQL, its cells addressed by column name.
+#[derive(Debug, Clone)]
+pub(crate) struct Record {
+    names: Arc<[String]>,
+    cells: Vec<Cell>,
+}
+
+impl Record {
+    pub(crate) fn new(names: Arc<[String]>, cells: Vec<Cell>) -> Record {
+        Record { names, cells }
+    }
+
+    fn cell(&self, name: &str) -> Result<&Cell, Error> {
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .and_then(|i| self.cells.get(i))
+            .ok_or_else(|| corrupt(name, "is missing from the ledger query"))
+    }
+
+    pub(crate) fn opt_int(&self, name: &str) -> Result<Option<i64>, Error> {
+        match self.cell(name)? {
+            Cell::Null => Ok(None),
+            Cell::Int(n) => Ok(Some(*n)),
+            other => Err(corrupt(name, &format!("holds {other:?}, not an integer"))),
+        }
+    }
+
+    pub(crate) fn int(&self, name: &str) -> Result<i64, Error> {
+        self.opt_int(name)?
+            .ok_or_else(|| corrupt(name, "is NULL, not an integer"))
+    }
+
+    pub(crate) fn opt_text(&self, name: &str) -> Result<Option<String>, Error> {
+        match self.cell(name)? {
+            Cell::Null => Ok(None),
+            Cell::Text(s) => Ok(Some(s.clone())),
+            other => Err(corrupt(name, &format!("holds {other:?}, not text"))),
+        }
+    }
+
+    pub(crate) fn text(&self, name: &str) -> Result<String, Error> {
+        self.opt_text(name)?
+            .ok_or_else(|| corrupt(name, "is NULL, not text"))
+    }
+
+    /// A state column, parsed into its enum.
+    pub(crate) fn state<S: std::str::FromStr<Err = super::UnknownState>>(
+        &self,
+        name: &str,
+    ) -> Result<S, Error> {
+        self.text(name)?
+            .parse()
+            .map_err(|e: super::UnknownState| corrupt(name, &e.to_string()))
+    }
+
+    pub(crate) fn bytes(&self, name: &str) -> Result<Vec<u8>, Error> {
+        match self.cell(name)? {
+            Cell::Bytes(b) => Ok(b.clone()),
+            other => Err(corrupt(name, &format!("holds {other:?}, not bytes"))),
+        }
+    }
+
+    /// A JSON column: a document on PostgreSQL, its text on SQLite.
+    pub(crate) fn json(&self, name: &str) -> Result<Option<serde_json::Value>, Error> {
+        match self.cell(name)? {
+            Cell::Null => Ok(None),
+            Cell::Json(v) => Ok(Some(v.clone())),
+            Cell::Text(s) => serde_json::from_str(s)
+                .map(Some)
+                .map_err(|e| corrupt(name, &format!("is not valid JSON: {e}"))),
+            other => Err(corrupt(name, &format!("holds {other:?}, not JSON"))),
+        }
+    }
+}
+
+/// A ledger row that tidemark cannot have written: permanent.
+fn corrupt(column: &str, what: &str) -> Error {
+    Error::Database {
+        message: format!("ledger column `{column}` {what}"),
+        transient: false,
+    }
+}
+
+/// A transaction that runs ledger SQL. Dropping it without [`commit`]
+/// rolls back.
+///
+/// [`commit`]: LedgerTx::commit
+pub(crate) trait LedgerTx: Send {
+    /// Runs a statement; the number of rows it changed.
+    fn execute(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Runs a query and hands each row to `each`, without holding them all.
+    fn fetch_each(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+        each: impl FnMut(Record) -> Result<(), Error> + Send,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Commits.
+    fn commit(self) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// Implements [`LedgerTx`] for a newtype over a sqlx transaction. A backend
+/// gives only what differs: its `bind(query, args)` and its
+/// `cell(row, index)` (the type mapping); running, streaming and committing
+/// are the same for every sqlx database.
+macro_rules! sqlx_ledger_tx {
+    ($tx:ident, $bind:path, $cell:path) => {
+        impl $crate::ledger::driver::LedgerTx for $tx {
+            async fn execute(
+                &mut self,
+                sql: &str,
+                args: &[$crate::ledger::driver::Arg<'_>],
+            ) -> Result<u64, tidemark_core::Error> {
+                use $crate::db_error::DbResultExt as _;
+                let done = $bind(sqlx::query(sql), args)
+                    .execute(&mut *self.0)
+                    .await
+                    .db()?;
+                Ok(done.rows_affected())
+            }
+
+            async fn fetch_each(
+                &mut self,
+                sql: &str,
+                args: &[$crate::ledger::driver::Arg<'_>],
+                mut each: impl FnMut($crate::ledger::driver::Record) -> Result<(), tidemark_core::Error>
+                    + Send,
+            ) -> Result<(), tidemark_core::Error> {
+                use futures_util::TryStreamExt as _;
+                use sqlx::{Column as _, Row as _};
+                use $crate::db_error::DbResultExt as _;
+                let mut rows = $bind(sqlx::query(sql), args).fetch(&mut *self.0);
+                let mut names: Option<std::sync::Arc<[String]>> = None;
+                while let Some(row) = rows.try_next().await.db()? {
+                    let names = names.get_or_insert_with(|| {
+                        row.columns().iter().map(|c| c.name().to_string()).collect()
+                    });
+                    let cells = (0..row.len())
+                        .map(|i| $cell(&row, i))
+                        .collect::<Result<_, _>>()?;
+                    each($crate::ledger::driver::Record::new(
+                        std::sync::Arc::clone(names),
+                        cells,
+                    ))?;
+                }
+                Ok(())
+            }
+
+            async fn commit(self) -> Result<(), tidemark_core::Error> {
+                use $crate::db_error::DbResultExt as _;
+                self.0.commit().await.db()
+            }
+        }
+    };
+}
+pub(crate) use sqlx_ledger_tx;
+
+/// The rows of a query, collected.
+pub(crate) async fn fetch_all<T: LedgerTx>(
+    tx: &mut T,
+    sql: &str,
+    args: &[Arg<'_>],
+) -> Result<Vec<Record>, Error> {
+    let mut rows = Vec::new();
+    tx.fetch_each(sql, args, |row| {
+        rows.push(row);
+        Ok(())
+    })
+    .await?;
+    Ok(rows)
+}
+
+/// The first row of a query, if any.
+pub(crate) async fn fetch_optional<T: LedgerTx>(
+    tx: &mut T,
+    sql: &str,
+    args: &[Arg<'_>],
+) -> Result<Option<Record>, Error> {
+    Ok(fetch_all(tx, sql, args).await?.into_iter().next())
+}
+
+/// The rows of a run key that reconciliation found vanished, in whatever
+/// form the backend deletes them by.
+pub(crate) trait Vanished: Send {
+    /// How many rows.
+    fn count(&self) -> usize;
+}
+
+impl<T: Send> Vanished for Vec<T> {
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+/// A database backend: its ledger transactions, its dialect and its data
+/// plane.
+pub(crate) trait Driver: Send + Sync {
+    /// A transaction on one connection.
+    type Tx: LedgerTx;
+    /// A batch made ready for [`Driver::write_rows`] before its transaction
+    /// begins, so CPU work is not done while holding locks.
+    type Prepared: Send + Sync;
+    /// What [`Driver::vanished`] finds.
+    type Vanished: Vanished + Sync;
+
+    /// The SQL dialect.
+    const DIALECT: Dialect;
+
+    /// Begins a transaction. On SQLite its first statement should write, so
+    /// the write lock is taken before anything is read.
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, Error>> + Send;
+
+    /// Creates the destination table when missing, or checks that the
+    /// existing one agrees with the pipeline (a contract error otherwise).
+    fn ensure_table(&self, schema: &TableSchema) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Key hash, row hash and "written by this run" (when `run_id` is
+    /// given) of the run key's live rows.
+    fn stored_rows(
+        &self,
+        schema: &TableSchema,
+        lineage: &Lineage,
+        run_id: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<StoredRow>, Error>> + Send;
+
+    /// Encodes or renders a batch's rows for [`Driver::write_rows`].
+    fn prepare(
+        &self,
+        schema: &TableSchema,
+        stamp: &Stamp<'_>,
+        batch: &BatchWrite<'_>,
+    ) -> Result<Self::Prepared, Error>;
+
+    /// Writes a batch's rows inside `tx`.
+    fn write_rows(
+        &self,
+        tx: &mut Self::Tx,
+        schema: &TableSchema,
+        stamp: &Stamp<'_>,
+        batch: &BatchWrite<'_>,
+        prepared: &Self::Prepared,
+    ) -> impl Future<Output = Result<BatchOutcome, Error>> + Send;
+
+    /// The run key's live row count, and its rows that were there at the
+    /// start and that no batch of this run has seen.
+    fn vanished(
+        &self,
+        tx: &mut Self::Tx,
+        schema: &TableSchema,
+        lineage: &Lineage,
+        existing: &StoredHashes,
+    ) -> impl Future<Output = Result<(u64, Self::Vanished), Error>> + Send;
+
+    /// Deletes or soft-deletes the vanished rows; how many it changed.
+    fn remove_vanished(
+        &self,
+        tx: &mut Self::Tx,
+        schema: &TableSchema,
+        lineage: &Lineage,
+        on_missing: OnMissing,
+        vanished: &Self::Vanished,
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+}

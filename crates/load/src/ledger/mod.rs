@@ -1,0 +1,367 @@
+//! The run ledger: one row per run key in `_tm_runs`, the history of its
+//! attempts in `_tm_attempts`, the keys seen by an unfinished run's batches
+//! in `_tm_batches`.
+//!
+//! The *flow* of every ledger operation (claim, heartbeat, fence, batch
+//! commit, finish, fail, restart) is written once, in [`flow`], against the
+//! [`driver::Driver`] boundary; a backend supplies only its SQL dialect and
+//! its type mapping ([`crate::sqlite::driver`], [`crate::postgres::driver`]),
+//! the way River's `riverdriver` interface does. The states and their edges
+//! are drawn in `docs/ledger.md`; [`RunStatus`] and [`AttemptStatus`] are the
+//! same sets as the SQL `CHECK` constraints.
+
+pub(crate) mod driver;
+pub(crate) mod flow;
+mod rules;
+mod sql;
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Serialize, Serializer};
+use tidemark_core::{Hash128, KeySet};
+
+pub use rules::process_is_gone;
+
+/// The state of a run key (`_tm_runs.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunStatus {
+    /// Queued: not started, or interrupted and waiting to resume.
+    Pending,
+    /// An attempt holds the lease.
+    Running,
+    /// Finished; the canonical result is stored.
+    Done,
+    /// The last attempt failed permanently (or ran out of retries).
+    Failed,
+    /// Taken out of the queue by an operator before it ran.
+    Cancelled,
+}
+
+impl RunStatus {
+    /// Every state, in the order `docs/ledger.md` draws them.
+    pub const ALL: [RunStatus; 5] = [
+        RunStatus::Pending,
+        RunStatus::Running,
+        RunStatus::Done,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+    ];
+
+    /// The name stored in `_tm_runs.status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Pending => "pending",
+            RunStatus::Running => "running",
+            RunStatus::Done => "done",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The outcome of one attempt (`_tm_attempts.status`); `Running` while it
+/// is under way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttemptStatus {
+    /// Under way.
+    Running,
+    /// Ended with the run key done.
+    Done,
+    /// Ended with a permanent error, or out of retries.
+    Failed,
+    /// Its holder died or lost the lease; a later attempt took over.
+    Lost,
+    /// Stopped by a signal after its last committed batch; the run key went
+    /// back to `pending` to be resumed.
+    Interrupted,
+}
+
+impl AttemptStatus {
+    /// Every state.
+    pub const ALL: [AttemptStatus; 5] = [
+        AttemptStatus::Running,
+        AttemptStatus::Done,
+        AttemptStatus::Failed,
+        AttemptStatus::Lost,
+        AttemptStatus::Interrupted,
+    ];
+
+    /// The name stored in `_tm_attempts.status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptStatus::Running => "running",
+            AttemptStatus::Done => "done",
+            AttemptStatus::Failed => "failed",
+            AttemptStatus::Lost => "lost",
+            AttemptStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// A state name the ledger does not know (a newer tidemark wrote it, or the
+/// row was edited by hand).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown ledger state {0:?}")]
+pub struct UnknownState(pub String);
+
+macro_rules! state_text {
+    ($ty:ident) => {
+        impl FromStr for $ty {
+            type Err = UnknownState;
+            fn from_str(text: &str) -> Result<Self, UnknownState> {
+                $ty::ALL
+                    .into_iter()
+                    .find(|s| s.as_str() == text)
+                    .ok_or_else(|| UnknownState(text.to_string()))
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+    };
+}
+state_text!(RunStatus);
+state_text!(AttemptStatus);
+
+/// Who runs an attempt. A holder on the same host whose process is gone is
+/// provably dead, so its lease can be taken over without waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerId {
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Unique per process start.
+    pub instance: String,
+}
+
+impl WorkerId {
+    /// `host:pid:instance`, stored as the lease owner.
+    pub fn owner(&self) -> String {
+        format!("{}:{}:{}", self.host, self.pid, self.instance)
+    }
+}
+
+/// What a claim needs to know.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// Re-run even when done; start from scratch.
+    pub force: bool,
+    /// The pipeline's handler version.
+    pub handler_version: String,
+    /// This worker.
+    pub worker: WorkerId,
+    /// Lease length; renewed by heartbeats.
+    pub lease_ttl: Duration,
+}
+
+/// The right to commit batches for one run key, fenced by the attempt number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Ledger row id.
+    pub run_ref: i64,
+    /// Attempt number: every write checks the ledger still holds it.
+    pub attempt: i64,
+    /// Run id stamped on written rows; kept when an attempt resumes, new when
+    /// the period starts over.
+    pub run_id: String,
+    /// Lease owner string.
+    pub owner: String,
+}
+
+/// Row counts of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Records read from the source.
+    pub rows_read: u64,
+    /// Rows inserted.
+    pub rows_inserted: u64,
+    /// Rows updated (changed values, or taken over from another run key).
+    pub rows_updated: u64,
+    /// Rows already present with the same values: not written.
+    pub rows_unchanged: u64,
+    /// Rows deleted or soft-deleted by reconciliation.
+    pub rows_deleted: u64,
+    /// Records rejected (within `max_rejects`).
+    pub rows_rejected: u64,
+}
+
+impl Counts {
+    /// The ledger's count columns, in the order of [`Counts::values`].
+    pub(crate) const COLUMNS: [&'static str; 6] = [
+        "rows_read",
+        "rows_inserted",
+        "rows_updated",
+        "rows_unchanged",
+        "rows_deleted",
+        "rows_rejected",
+    ];
+
+    /// The counters in [`Counts::COLUMNS`] order, as the databases' signed
+    /// integers (no count reaches 2^63).
+    pub(crate) fn values(&self) -> [i64; 6] {
+        [
+            self.rows_read,
+            self.rows_inserted,
+            self.rows_updated,
+            self.rows_unchanged,
+            self.rows_deleted,
+            self.rows_rejected,
+        ]
+        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    /// Counts from values in [`Counts::COLUMNS`] order; a negative value
+    /// (never written by tidemark) reads as 0.
+    pub(crate) fn from_values(values: [i64; 6]) -> Counts {
+        let [read, inserted, updated, unchanged, deleted, rejected] =
+            values.map(|n| u64::try_from(n).unwrap_or(0));
+        Counts {
+            rows_read: read,
+            rows_inserted: inserted,
+            rows_updated: updated,
+            rows_unchanged: unchanged,
+            rows_deleted: deleted,
+            rows_rejected: rejected,
+        }
+    }
+}
+
+/// A claimed attempt.
+#[derive(Debug, Clone)]
+pub struct ClaimedRun {
+    /// The lease to fence writes with.
+    pub lease: Lease,
+    /// Where to continue reading, when resuming a crashed attempt.
+    pub resume: Option<serde_json::Value>,
+    /// Counts of the batches already committed by this run.
+    pub counts: Counts,
+    /// Batches already committed by this run.
+    pub batches: i64,
+    /// Natural keys the committed batches of this run saw without writing
+    /// them (their rows were unchanged). Keys a batch wrote are known from
+    /// the table itself: those rows carry this run's id.
+    pub seen: KeySet,
+}
+
+/// The outcome of a claim.
+#[derive(Debug, Clone)]
+pub enum Claim {
+    /// Done already; the stored canonical result.
+    Done(serde_json::Value),
+    /// Another live attempt holds the lease.
+    Held {
+        /// Its owner.
+        owner: String,
+        /// When its lease runs out unless renewed.
+        expires_at: String,
+    },
+    /// This worker holds the run key now.
+    Claimed(Box<ClaimedRun>),
+}
+
+/// One ledger row as `status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LedgerEntry {
+    /// Pipeline.
+    pub pipeline: String,
+    /// Source id.
+    pub source: String,
+    /// Export type.
+    pub export_type: String,
+    /// Period start (RFC 3339).
+    pub period_start: String,
+    /// Period end (RFC 3339).
+    pub period_end: String,
+    /// The run key's state.
+    pub status: RunStatus,
+    /// Attempts so far.
+    pub attempts: i64,
+    /// Run id of the latest attempt.
+    pub run_id: Option<String>,
+    /// Counts.
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Error class of the last failure.
+    pub error_class: Option<String>,
+    /// Error message of the last failure.
+    pub error_message: Option<String>,
+    /// When the latest run started.
+    pub started_at: Option<String>,
+    /// When it finished.
+    pub finished_at: Option<String>,
+    /// Handler version of the latest run.
+    pub handler_version: Option<String>,
+    /// Lease owner while running.
+    pub lease_owner: Option<String>,
+    /// Lease expiry while running.
+    pub lease_expires_at: Option<String>,
+}
+
+/// Decodes a `_tm_batches.key_hashes` blob.
+pub(crate) fn decode_hashes(blob: &[u8], into: &mut KeySet) {
+    for chunk in blob.chunks_exact(16) {
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(chunk);
+        into.insert(Hash128(u128::from_be_bytes(bytes)));
+    }
+}
+
+/// Encodes hashes for `_tm_batches.key_hashes`.
+pub(crate) fn encode_hashes<'a>(hashes: impl Iterator<Item = &'a Hash128>) -> Vec<u8> {
+    hashes.flat_map(|h| h.to_bytes()).collect()
+}
+
+/// A new run id: a UUID v4 in its 32-hex-digit form.
+pub(crate) fn new_run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_round_trip_through_blobs() {
+        let hashes = [Hash128(1), Hash128(u128::MAX), Hash128(0xabc)];
+        let blob = encode_hashes(hashes.iter());
+        let mut set = KeySet::default();
+        decode_hashes(&blob, &mut set);
+        assert_eq!(set, hashes.into_iter().collect());
+    }
+
+    #[test]
+    fn states_round_trip_through_their_names() {
+        for status in RunStatus::ALL {
+            assert_eq!(status.as_str().parse::<RunStatus>(), Ok(status));
+        }
+        for status in AttemptStatus::ALL {
+            assert_eq!(status.as_str().parse::<AttemptStatus>(), Ok(status));
+        }
+        assert!("paused".parse::<RunStatus>().is_err());
+    }
+
+    #[test]
+    fn counts_round_trip_through_their_columns() {
+        let counts = Counts {
+            rows_read: 6,
+            rows_inserted: 1,
+            rows_updated: 2,
+            rows_unchanged: 3,
+            rows_deleted: 4,
+            rows_rejected: 5,
+        };
+        assert_eq!(Counts::from_values(counts.values()), counts);
+    }
+}

@@ -1,0 +1,172 @@
+//! PostgreSQL behind the ledger's driver boundary: how arguments bind, how
+//! cells read back, and the data plane (binary `COPY` in, `COPY` out).
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::{Postgres, Row as _, Transaction, TypeInfo as _, ValueRef as _};
+use std::borrow::Cow;
+use tidemark_core::spec::OnMissing;
+use tidemark_core::{Error, Value};
+
+use super::{stored_copy, table, PgStore};
+use crate::db_error::DbResultExt;
+use crate::ledger::driver::{Arg, Cell, Dialect, Driver};
+use crate::schema::TableSchema;
+use crate::stored::StoredHashes;
+use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
+
+/// A ledger transaction on one PostgreSQL connection.
+pub(crate) struct PgTx(Transaction<'static, Postgres>);
+
+type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
+
+/// Binds the arguments. PostgreSQL's `text` and `jsonb` cannot hold U+0000,
+/// and a record rejected for holding one (or an error message quoting it)
+/// must still be stored: NULs become the six visible characters `\u0000`.
+fn bind<'q>(mut query: Query<'q>, args: &'q [Arg<'q>]) -> Query<'q> {
+    for arg in args {
+        query = match *arg {
+            Arg::Int(n) => query.bind(n),
+            Arg::Float(f) => query.bind(f),
+            Arg::Bool(b) => query.bind(b),
+            Arg::Text(s) => query.bind(visible_nul(s).into_owned()),
+            Arg::OptText(s) => query.bind(s.map(|s| visible_nul(s).into_owned())),
+            Arg::Bytes(b) => query.bind(b),
+            Arg::Json(v) => query.bind(v.map(visible_nul_json)),
+        };
+    }
+    query
+}
+
+fn visible_nul(text: &str) -> Cow<'_, str> {
+    if text.contains('\0') {
+        Cow::Owned(text.replace('\0', "\\u0000"))
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
+/// [`visible_nul`] for every string and key of a JSON value.
+fn visible_nul_json(value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        J::String(s) => J::String(visible_nul(s).into_owned()),
+        J::Array(items) => J::Array(items.iter().map(visible_nul_json).collect()),
+        J::Object(map) => J::Object(
+            map.iter()
+                .map(|(k, v)| (visible_nul(k).into_owned(), visible_nul_json(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Reads a cell by its column's type. Times become the ledger's text form
+/// (RFC 3339, UTC, milliseconds), as SQLite stores them.
+fn cell(row: &PgRow, i: usize) -> Result<Cell, Error> {
+    let raw = row.try_get_raw(i).db()?;
+    if raw.is_null() {
+        return Ok(Cell::Null);
+    }
+    let kind = raw.type_info().name().to_string();
+    Ok(match kind.as_str() {
+        "INT8" => Cell::Int(row.try_get(i).db()?),
+        "INT4" => Cell::Int(i64::from(row.try_get::<i32, _>(i).db()?)),
+        "INT2" => Cell::Int(i64::from(row.try_get::<i16, _>(i).db()?)),
+        "BOOL" => Cell::Int(i64::from(row.try_get::<bool, _>(i).db()?)),
+        "FLOAT8" => Cell::Float(row.try_get(i).db()?),
+        "BYTEA" => Cell::Bytes(row.try_get(i).db()?),
+        "JSONB" | "JSON" => Cell::Json(row.try_get(i).db()?),
+        "TIMESTAMPTZ" => Cell::Text(crate::timestamp_text(
+            row.try_get::<DateTime<Utc>, _>(i).db()?,
+        )),
+        "TIMESTAMP" => Cell::Text(crate::timestamp_text(
+            row.try_get::<NaiveDateTime, _>(i).db()?.and_utc(),
+        )),
+        "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" => Cell::Text(row.try_get(i).db()?),
+        other => {
+            return Err(Error::Database {
+                message: format!(
+                    "ledger query returned a column of type {other}, which tidemark does not read"
+                ),
+                transient: false,
+            })
+        }
+    })
+}
+
+crate::ledger::driver::sqlx_ledger_tx!(PgTx, bind, cell);
+
+impl Driver for PgStore {
+    type Tx = PgTx;
+    type Prepared = Vec<u8>;
+    type Vanished = Vec<Vec<Value>>;
+
+    const DIALECT: Dialect = Dialect::Postgres;
+
+    async fn begin(&self) -> Result<PgTx, Error> {
+        Ok(PgTx(self.pool.begin().await.db()?))
+    }
+
+    async fn ensure_table(&self, schema: &TableSchema) -> Result<(), Error> {
+        table::ensure_table(&self.pool, schema).await
+    }
+
+    async fn stored_rows(
+        &self,
+        schema: &TableSchema,
+        lineage: &Lineage,
+        run_id: Option<&str>,
+    ) -> Result<Vec<StoredRow>, Error> {
+        let mut tx = self.pool.begin().await.db()?;
+        let hashes = stored_copy::stored_rows(&mut tx, schema, lineage, run_id).await?;
+        tx.commit().await.db()?;
+        Ok(hashes)
+    }
+
+    /// Encodes the batch for binary `COPY` before the transaction begins,
+    /// so the run row's lock is not held while encoding.
+    fn prepare(
+        &self,
+        schema: &TableSchema,
+        stamp: &Stamp<'_>,
+        batch: &BatchWrite<'_>,
+    ) -> Result<Vec<u8>, Error> {
+        if batch.rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        table::copy_data(schema, &batch.rows, stamp)
+    }
+
+    async fn write_rows(
+        &self,
+        tx: &mut PgTx,
+        schema: &TableSchema,
+        _stamp: &Stamp<'_>,
+        batch: &BatchWrite<'_>,
+        data: &Vec<u8>,
+    ) -> Result<BatchOutcome, Error> {
+        table::write_rows(&mut tx.0, schema, batch, data).await
+    }
+
+    async fn vanished(
+        &self,
+        tx: &mut PgTx,
+        schema: &TableSchema,
+        lineage: &Lineage,
+        existing: &StoredHashes,
+    ) -> Result<(u64, Vec<Vec<Value>>), Error> {
+        stored_copy::vanished_keys(&mut tx.0, schema, lineage, existing).await
+    }
+
+    async fn remove_vanished(
+        &self,
+        tx: &mut PgTx,
+        schema: &TableSchema,
+        lineage: &Lineage,
+        on_missing: OnMissing,
+        keys: &Vec<Vec<Value>>,
+    ) -> Result<u64, Error> {
+        table::delete_keys(&mut tx.0, schema, lineage, on_missing, keys).await
+    }
+}
