@@ -624,10 +624,16 @@ impl Env {
     }
 
     fn command(&self, args: &[&str]) -> Command {
+        self.command_at(&self.db.url(), args)
+    }
+
+    /// `tidemark --database-url URL ARGS...`, for a URL other than the test
+    /// database's own (connection options, a server that is not there).
+    fn command_at(&self, url: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.current_dir(self.dir.path())
             .arg("--database-url")
-            .arg(self.db.url())
+            .arg(url)
             .args(args)
             .env_remove("TIDEMARK_LOG")
             .env_remove("TIDEMARK_DATABASE_URL")
@@ -638,9 +644,14 @@ impl Env {
 
     /// Runs `tidemark --database-url URL ARGS...` to completion.
     pub fn tidemark(&self, args: &[&str]) -> Out {
+        self.tidemark_at(&self.db.url(), args)
+    }
+
+    /// Runs tidemark against `url` instead of the test database's own URL.
+    pub fn tidemark_at(&self, url: &str, args: &[&str]) -> Out {
         let started = Instant::now();
         let output = self
-            .command(args)
+            .command_at(url, args)
             .output()
             .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}"));
         Out {
@@ -648,6 +659,26 @@ impl Env {
             stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
             elapsed: started.elapsed(),
+        }
+    }
+
+    /// Starts tidemark against `url` in the background.
+    pub fn spawn_at(&self, url: &str, args: &[&str]) -> Running {
+        let n = self.spawned.fetch_add(1, Ordering::SeqCst);
+        let stdout = self.path(format!("proc-{n}.stdout"));
+        let stderr = self.path(format!("proc-{n}.stderr"));
+        let child = self
+            .command_at(url, args)
+            .stdout(fs::File::create(&stdout).expect("stdout file"))
+            .stderr(fs::File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}"));
+        Running {
+            child,
+            stdout,
+            stderr,
+            started: Instant::now(),
+            args: args.join(" "),
         }
     }
 
@@ -698,22 +729,7 @@ impl Env {
 
     /// Starts tidemark in the background; its output goes to files.
     pub fn spawn(&self, args: &[&str]) -> Running {
-        let n = self.spawned.fetch_add(1, Ordering::SeqCst);
-        let stdout = self.path(format!("proc-{n}.stdout"));
-        let stderr = self.path(format!("proc-{n}.stderr"));
-        let child = self
-            .command(args)
-            .stdout(fs::File::create(&stdout).expect("stdout file"))
-            .stderr(fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}"));
-        Running {
-            child,
-            stdout,
-            stderr,
-            started: Instant::now(),
-            args: args.join(" "),
-        }
+        self.spawn_at(&self.db.url(), args)
     }
 
     /// `status PIPELINE --json`: one object per run key.

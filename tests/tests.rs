@@ -4,6 +4,7 @@
 mod support;
 
 mod commands;
+mod connections;
 mod coordination;
 mod foundation;
 mod http;

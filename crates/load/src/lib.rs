@@ -193,6 +193,41 @@ impl Store {
     }
 }
 
+/// Runs `op` until it succeeds, fails with an error `retryable` rejects, or
+/// `deadline` has passed, sleeping with jittered exponential backoff
+/// (10 ms doubling to 500 ms) in between. For start-up steps that race
+/// other processes opening the same database, or a server that is
+/// restarting.
+pub(crate) async fn retry_while<T, E, Fut>(
+    what: &str,
+    deadline: Duration,
+    retryable: impl Fn(&E) -> bool,
+    mut op: impl FnMut() -> Fut,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    // Bounded by the deadline, not by a count of tries.
+    let backoff = tidemark_core::spec::RetryPolicy {
+        max_attempts: u32::MAX,
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(500),
+    };
+    let deadline = tokio::time::Instant::now() + deadline;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match op().await {
+            Err(e) if retryable(&e) && tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, attempt, "{what}: trying again");
+                tokio::time::sleep(backoff.delay(attempt, None, rand::random::<f64>())).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Hides a password in a database URL.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {

@@ -19,10 +19,24 @@ pub(crate) mod driver;
 mod stored_copy;
 mod table;
 
+use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::Connection as _;
 use tidemark_core::Error;
+
+use crate::db_error::db_error;
+use crate::retry_while;
+
+/// How long the first connection may keep failing with a transient error
+/// (a server that is restarting) before the command gives up with the
+/// real cause.
+const FIRST_CONNECT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// How long one connection attempt may take (a host that drops packets
+/// would otherwise hold it for minutes).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A pool of connections to one PostgreSQL database.
 #[derive(Debug, Clone)]
@@ -31,16 +45,35 @@ pub(crate) struct PgStore {
 }
 
 impl PgStore {
+    /// Connects and migrates. The URL's `sslmode` (`prefer` by default:
+    /// TLS whenever the server offers it; `require`, `verify-ca`,
+    /// `verify-full`) and `sslrootcert` apply, with the system's CA roots.
+    ///
+    /// One connection is made directly first: a pool retries until its
+    /// acquire timeout and then reports only "pool timed out", where the
+    /// operator needs "connection refused", a TLS or an authentication
+    /// error, within seconds.
     pub(crate) async fn connect(url: &str) -> Result<Self, Error> {
+        let shown = crate::redact_url(url);
+        let options = PgConnectOptions::from_str(url).map_err(|e| {
+            Error::config("command line", "--database-url", format!("{shown}: {e}"))
+        })?;
+        let first = retry_while(
+            "connecting to PostgreSQL",
+            FIRST_CONNECT_DEADLINE,
+            Error::is_transient,
+            || connect_once(&options),
+        )
+        .await
+        .map_err(|e| Error::Database {
+            message: format!("cannot connect to {shown}: {}", cause(&e)),
+            transient: false,
+        })?;
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(60))
-            .connect(url)
-            .await
-            .map_err(|e| Error::Database {
-                message: format!("cannot connect to {}: {e}", crate::redact_url(url)),
-                transient: false,
-            })?;
+            .connect_lazy_with(options);
+        let _ = first.close().await;
         let store = PgStore { pool };
         store.migrate().await?;
         Ok(store)
@@ -58,5 +91,24 @@ impl PgStore {
                 message: format!("ledger migration failed: {e}"),
                 transient: false,
             })
+    }
+}
+
+/// One connection attempt, bounded by [`CONNECT_TIMEOUT`].
+async fn connect_once(options: &PgConnectOptions) -> Result<PgConnection, Error> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options)).await {
+        Ok(connected) => connected.map_err(db_error),
+        Err(_) => Err(Error::Database {
+            message: format!("no answer within {CONNECT_TIMEOUT:?}"),
+            transient: true,
+        }),
+    }
+}
+
+/// The driver's message without the "database: " prefix of our own type.
+fn cause(error: &Error) -> String {
+    match error {
+        Error::Database { message, .. } => message.clone(),
+        other => other.to_string(),
     }
 }

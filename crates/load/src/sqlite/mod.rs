@@ -22,9 +22,8 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSynchronous};
 use tidemark_core::Error;
 
-use open::{
-    checkpoint_in_background, open_pool, retry_while, MIGRATE_DEADLINE, WAL_CHECKPOINT_FRAMES,
-};
+use crate::retry_while;
+use open::{checkpoint_in_background, open_pool, MIGRATE_DEADLINE, WAL_CHECKPOINT_FRAMES};
 use raw::WalSignal;
 
 /// A pool of connections to one SQLite file.

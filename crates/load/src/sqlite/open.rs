@@ -8,47 +8,14 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use tidemark_core::Error;
 
 use super::raw::{self, WalSignal};
-use crate::db_error::{is_sqlite_busy, DbResultExt};
+use crate::db_error::{db_error, is_sqlite_busy};
+use crate::retry_while;
 
 /// How long opening waits for a busy file, as long as the busy timeout.
 pub(super) const OPEN_DEADLINE: Duration = Duration::from_secs(60);
 
 /// How long the ledger migration is retried after losing a race.
 pub(super) const MIGRATE_DEADLINE: Duration = Duration::from_secs(2);
-
-/// Runs `op` until it succeeds, fails with an error `retryable` rejects, or
-/// `deadline` has passed, sleeping with jittered exponential backoff
-/// (10 ms doubling to 500 ms) in between. For start-up steps that race
-/// other processes opening the same file.
-pub(super) async fn retry_while<T, E, Fut>(
-    what: &str,
-    deadline: Duration,
-    retryable: impl Fn(&E) -> bool,
-    mut op: impl FnMut() -> Fut,
-) -> Result<T, E>
-where
-    E: std::fmt::Display,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    // Bounded by the deadline, not by a count of tries.
-    let backoff = tidemark_core::spec::RetryPolicy {
-        max_attempts: u32::MAX,
-        base_delay: Duration::from_millis(10),
-        max_delay: Duration::from_millis(500),
-    };
-    let deadline = tokio::time::Instant::now() + deadline;
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match op().await {
-            Err(e) if retryable(&e) && tokio::time::Instant::now() < deadline => {
-                tracing::debug!(error = %e, attempt, "{what}: trying again");
-                tokio::time::sleep(backoff.delay(attempt, None, rand::random::<f64>())).await;
-            }
-            other => return other,
-        }
-    }
-}
 
 /// Opens the pool, waiting while another process holds the file.
 ///
@@ -78,7 +45,16 @@ pub(super) async fn open_pool(
         },
     )
     .await
-    .db()
+    .map_err(|e| {
+        let mut error = db_error(e);
+        if let Error::Database { message, .. } = &mut error {
+            *message = format!(
+                "cannot open the SQLite database {}: {message}",
+                options.get_filename().display()
+            );
+        }
+        error
+    })
 }
 
 /// WAL size, in pages, at which a commit wakes the background checkpointer:
