@@ -186,3 +186,71 @@ async fn prune_removes_only_old_history(backend: Backend) {
 crate::support::backend_tests! {
     prune_removes_only_old_history: prune_removes_only_old_history_sqlite, prune_removes_only_old_history_postgres;
 }
+
+/// PostgreSQL: an administrator (or a failover) terminates tidemark's
+/// sessions again and again during a backfill. Every database step of a
+/// run (claim, opening the writer, reading stored rows, each batch, the
+/// finish, recording a failure) goes through the retry policy, so every
+/// period still ends `done` exactly once with exactly its rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_sessions_during_a_backfill_are_retried_postgres() {
+    let env = Env::orders(Backend::Postgres).await;
+    env.set_option("orders", "load", "batch_size", "7");
+    // Enough tries that a run outlasts a burst of kills; what must not
+    // happen is a step that is not retried at all.
+    env.set_option("orders", "retry", "max_attempts", "10");
+    env.set_option("orders", "retry", "max_delay", "\"2s\"");
+    env.tidemark(&["migrate"]).expect_code(0, "migrate");
+    let url = format!("{}?application_name=tm_chaos", env.db.url());
+    let admin = env.db.url();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let killer = {
+        let stop = std::sync::Arc::clone(&stop);
+        tokio::spawn(async move {
+            let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connect");
+            let mut killed = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                     WHERE application_name = 'tm_chaos' AND pid <> pg_backend_pid()) t",
+                )
+                .fetch_one(&mut conn)
+                .await
+                .expect("terminate");
+                killed += u64::try_from(n).unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            killed
+        })
+    };
+    let out = env.tidemark_at(
+        &url,
+        &[
+            "backfill",
+            "orders",
+            "--from",
+            "2024-01-01",
+            "--to",
+            "2024-01-31",
+            "--concurrency",
+            "2",
+        ],
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let killed = killer.await.expect("killer");
+    assert!(
+        killed > 5,
+        "sessions were terminated during the backfill ({killed})"
+    );
+    out.expect_code(0, "backfill under terminated sessions");
+    assert!(
+        out.stderr.contains("retrying"),
+        "the retries are logged\n{out}"
+    );
+    let entries = env.status("orders");
+    assert_eq!(entries.len(), 31);
+    for entry in &entries {
+        assert_eq!(entry["status"], "done", "{entry}");
+    }
+    assert_eq!(env.db.count("FROM orders").await, 31 * 20, "each row once");
+}

@@ -242,9 +242,11 @@ pub async fn sync_jobs(
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<Vec<Job>, Error> {
     let due = pipeline.due_periods(now)?;
-    let done: std::collections::HashSet<(String, String)> = store
-        .status(&pipeline.spec.name, None)
-        .await?
+    let entries = crate::engine::retry(&pipeline.retry, "read the ledger", || {
+        store.status(&pipeline.spec.name, None)
+    })
+    .await?;
+    let done: std::collections::HashSet<(String, String)> = entries
         .into_iter()
         .filter(|e| e.status == RunStatus::Done && e.export_type == pipeline.spec.export_type)
         .map(|e| (e.source, e.period_start))

@@ -153,7 +153,7 @@ impl Job {
         // Reading starts first, so the first batch is parsed while the writer
         // reads the run key's stored hashes.
         let mut batches = self.produce(committed.clone(), &transformer);
-        let mut writer = self.store.writer(schema.clone(), &run, &self.key).await?;
+        let mut writer = self.open_writer(&schema, &run).await?;
         let mut backoff = Backoff::new(&pipeline.retry);
         let mut received = false;
         while let Some(next) = batches.recv().await {
@@ -163,9 +163,12 @@ impl Job {
                 // start the period over; committed rows stay and are reconciled.
                 Err(Error::Invariant(why)) if !received && committed.is_some() => {
                     tracing::warn!(%why, "checkpoint no longer matches the source; starting the period over");
-                    let run_id = self.store.restart_fresh(&run.lease).await?;
+                    let run_id = retry(&pipeline.retry, "restart the period", || {
+                        self.store.restart_fresh(&run.lease)
+                    })
+                    .await?;
                     run = fresh(run, run_id);
-                    writer = self.store.writer(schema.clone(), &run, &self.key).await?;
+                    writer = self.open_writer(&schema, &run).await?;
                     committed = None;
                     batches = self.produce(None, &transformer);
                     continue;
@@ -210,6 +213,19 @@ impl Job {
             force_deletes: self.flags.force_deletes,
         };
         finish(&mut writer, &reconcile, &mut backoff).await
+    }
+
+    /// Starts the run's writer (it reads the run key's stored rows), with
+    /// retries: like every database step of a run.
+    async fn open_writer(
+        &self,
+        schema: &TableSchema,
+        run: &ClaimedRun,
+    ) -> Result<RunWriter, Error> {
+        retry(&self.pipeline.retry, "open the writer", || {
+            self.store.writer(schema.clone(), run, &self.key)
+        })
+        .await
     }
 
     fn produce(

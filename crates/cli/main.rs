@@ -84,7 +84,8 @@ fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     // sqlx logs PostgreSQL NOTICEs ("relation ... already exists, skipping")
     // at info: noise for an operator.
-    let filter = EnvFilter::try_from_env("TIDEMARK_LOG").unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let filter = EnvFilter::try_from_env("TIDEMARK_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
