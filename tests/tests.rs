@@ -9,3 +9,4 @@ mod coordination;
 mod foundation;
 mod http;
 mod scheduler;
+mod storage;

@@ -165,12 +165,28 @@ pub async fn run_jobs(
     } else {
         indicatif::ProgressBar::hidden()
     };
+    // A run that finds the database unable to store anything more stops
+    // the command from claiming further work: every other period would fail
+    // the same way (or wait on locks), and nothing is gained by trying.
+    let stopped: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    let stopped = &stopped;
     let mut results: Vec<(RunKey, Outcome)> = futures_util::stream::iter(jobs)
         .map(|job| {
             let progress = progress.clone();
             async move {
                 let key = job.key.clone();
-                let outcome = job.run().await;
+                let reason = stopped.lock().ok().and_then(|s| s.clone());
+                let outcome = match reason {
+                    Some(reason) => Outcome::NotRun { reason },
+                    None => job.run().await,
+                };
+                if let Outcome::Failed(error @ Error::Storage { .. }) = &outcome {
+                    if let Ok(mut stop) = stopped.lock() {
+                        stop.get_or_insert_with(|| {
+                            format!("stopped claiming work after {key} failed: {error}")
+                        });
+                    }
+                }
                 progress.inc(1);
                 (key, outcome)
             }

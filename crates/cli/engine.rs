@@ -34,6 +34,9 @@ pub enum Outcome {
     Held { owner: String },
     /// Failed; recorded in the ledger.
     Failed(Error),
+    /// Not started: the command stopped claiming work (the database cannot
+    /// store anything more).
+    NotRun { reason: String },
 }
 
 /// Flags of one invocation.

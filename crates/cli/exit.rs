@@ -42,7 +42,7 @@ impl Exit {
         match outcome {
             Outcome::Done(_) | Outcome::AlreadyDone(_) => Exit::Success,
             Outcome::Held { .. } | Outcome::Failed(Error::LeaseLost(_)) => Exit::Held,
-            Outcome::Failed(_) => Exit::Failed,
+            Outcome::Failed(_) | Outcome::NotRun { .. } => Exit::Failed,
         }
     }
 

@@ -37,6 +37,7 @@ pub fn print_outcome(key: &RunKey, outcome: &Outcome) {
             )
         }
         Outcome::Failed(error) => tell!("error: {key}: {} error: {error}", error.class()),
+        Outcome::NotRun { reason } => tell!("not run: {key}: {reason}"),
     }
 }
 
@@ -61,20 +62,16 @@ pub fn print_summary(results: &[(RunKey, Outcome)]) {
         "DELETED",
         "REJECTED"
     );
-    let mut tally = [0usize; 4];
+    let mut tally = [0usize; 5];
     for (key, outcome) in results {
-        let (status, result) = match outcome {
-            Outcome::Done(r) => ("done", Some(r)),
-            Outcome::AlreadyDone(r) => ("skipped", Some(r)),
-            Outcome::Held { .. } => ("held", None),
-            Outcome::Failed(_) => ("failed", None),
+        let (status, result, slot) = match outcome {
+            Outcome::Done(r) => ("done", Some(r), 0),
+            Outcome::AlreadyDone(r) => ("skipped", Some(r), 1),
+            Outcome::Held { .. } => ("held", None, 2),
+            Outcome::Failed(_) => ("failed", None, 3),
+            Outcome::NotRun { .. } => ("not run", None, 4),
         };
-        tally[match status {
-            "done" => 0,
-            "skipped" => 1,
-            "held" => 2,
-            _ => 3,
-        }] += 1;
+        tally[slot] += 1;
         let counts = [
             "rows_read",
             "rows_inserted",
@@ -103,14 +100,25 @@ pub fn print_summary(results: &[(RunKey, Outcome)]) {
             tell!("held: {key} is being run by {owner}");
         }
     }
+    let not_run = if tally[4] > 0 {
+        format!(", {} not run", tally[4])
+    } else {
+        String::new()
+    };
     say!(
-        "{} run key(s): {} done, {} already done (skipped), {} held elsewhere, {} failed",
+        "{} run key(s): {} done, {} already done (skipped), {} held elsewhere, {} failed{not_run}",
         results.len(),
         tally[0],
         tally[1],
         tally[2],
         tally[3]
     );
+    if let Some((_, Outcome::NotRun { reason })) = results
+        .iter()
+        .find(|(_, o)| matches!(o, Outcome::NotRun { .. }))
+    {
+        tell!("{} run key(s) not run: {reason}", tally[4]);
+    }
 }
 
 /// `status --json`: one object per run key.

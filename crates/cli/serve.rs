@@ -108,6 +108,7 @@ async fn sync_once(store: Store, pipeline: Arc<Pipeline>, concurrency: usize) ->
                     Outcome::Held { owner } => {
                         tracing::info!(%key, %owner, "held by another worker; skipped")
                     }
+                    Outcome::NotRun { reason } => tracing::warn!(%key, %reason, "not run"),
                     Outcome::Failed(e) => {
                         tracing::warn!(%key, class = %e.class(), error = %e, "period failed")
                     }

@@ -163,6 +163,16 @@ pub enum Error {
         /// True for I/O, pool time-outs, busy/locked, serialization failures.
         transient: bool,
     },
+    /// The database cannot store anything more: its disk is full, its
+    /// storage failed, or its file is corrupt or read-only. Nothing later
+    /// can succeed until an operator acts, so a command that meets this
+    /// stops claiming work instead of failing every remaining period (or
+    /// waiting on locks the failed transaction held).
+    #[error("database storage: {message}")]
+    Storage {
+        /// The driver's message, naming the cause.
+        message: String,
+    },
 }
 
 impl Error {
@@ -175,7 +185,7 @@ impl Error {
             Error::Contract { .. } => ErrorClass::Contract,
             Error::Invariant(_) | Error::LeaseLost(_) => ErrorClass::Invariant,
             Error::Source { .. } => ErrorClass::Source,
-            Error::Database { .. } => ErrorClass::Database,
+            Error::Database { .. } | Error::Storage { .. } => ErrorClass::Database,
         }
     }
 

@@ -7,6 +7,11 @@ use tidemark_core::Error;
 /// and administrator shutdowns are transient; constraint and type errors
 /// are permanent.
 pub(crate) fn db_error(err: sqlx::Error) -> Error {
+    if is_storage_failure(&err) {
+        return Error::Storage {
+            message: err.to_string(),
+        };
+    }
     let transient = match &err {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
@@ -31,6 +36,37 @@ pub(crate) fn db_error(err: sqlx::Error) -> Error {
         message: err.to_string(),
         transient,
     }
+}
+
+/// Whether the database says it cannot store anything more: disk full,
+/// an I/O or storage error, a corrupt or read-only database.
+fn is_storage_failure(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    let Some(code) = db.code() else {
+        return false;
+    };
+    if db
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .is_some()
+    {
+        storage_sqlstate(&code)
+    } else {
+        sqlite_primary_code(&code).is_some_and(storage_sqlite_code)
+    }
+}
+
+/// SQLite's SQLITE_READONLY (8), SQLITE_IOERR (10), SQLITE_CORRUPT (11),
+/// SQLITE_FULL (13) and SQLITE_NOTADB (26).
+fn storage_sqlite_code(primary: i64) -> bool {
+    matches!(primary, 8 | 10 | 11 | 13 | 26)
+}
+
+/// PostgreSQL's disk_full, out_of_memory, io_error, data_corrupted and
+/// index_corrupted. (too_many_connections, also class 53, is transient.)
+fn storage_sqlstate(code: &str) -> bool {
+    matches!(code, "53100" | "53200" | "58030" | "XX001" | "XX002")
 }
 
 /// Whether SQLite answered `SQLITE_BUSY` (any extended code of it).
@@ -75,6 +111,13 @@ impl<T> DbResultExt<T> for Result<T, sqlx::Error> {
 /// Classifies an error of the raw SQLite connection the bulk paths use:
 /// busy and locked databases are transient, everything else permanent.
 pub(crate) fn raw_sqlite_error(err: rusqlite::Error) -> Error {
+    if let rusqlite::Error::SqliteFailure(failure, _) = &err {
+        if storage_sqlite_code(i64::from(failure.extended_code & 0xff)) {
+            return Error::Storage {
+                message: err.to_string(),
+            };
+        }
+    }
     let transient = matches!(
         err.sqlite_error_code(),
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
@@ -106,6 +149,8 @@ mod tests {
         assert!(!transient_sqlstate("23505")); // unique violation
         assert!(!transient_sqlstate("42P01"));
         assert!(db_error(sqlx::Error::PoolTimedOut).is_transient());
+        assert!(storage_sqlite_code(13) && storage_sqlite_code(10) && !storage_sqlite_code(5));
+        assert!(storage_sqlstate("53100") && !storage_sqlstate("53300"));
         assert!(!db_error(sqlx::Error::RowNotFound).is_transient());
     }
 }

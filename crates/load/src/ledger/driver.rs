@@ -168,10 +168,11 @@ pub(crate) trait LedgerTx: Send {
     fn commit(self) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
-/// Implements [`LedgerTx`] for a newtype over a sqlx transaction. A backend
-/// gives only what differs: its `bind(query, args)` and its
-/// `cell(row, index)` (the type mapping); running, streaming and committing
-/// are the same for every sqlx database.
+/// Implements [`LedgerTx`] for a backend's transaction type, which has a
+/// `connection()` method and an `async fn commit_now(self)`. A backend gives
+/// only what differs: its `bind(query, args)` and its `cell(row, index)`
+/// (the type mapping); running and streaming are the same for every sqlx
+/// database.
 macro_rules! sqlx_ledger_tx {
     ($tx:ident, $bind:path, $cell:path) => {
         impl $crate::ledger::driver::LedgerTx for $tx {
@@ -182,7 +183,7 @@ macro_rules! sqlx_ledger_tx {
             ) -> Result<u64, tidemark_core::Error> {
                 use $crate::db_error::DbResultExt as _;
                 let done = $bind(sqlx::query(sql), args)
-                    .execute(&mut *self.0)
+                    .execute(self.connection())
                     .await
                     .db()?;
                 Ok(done.rows_affected())
@@ -198,7 +199,7 @@ macro_rules! sqlx_ledger_tx {
                 use futures_util::TryStreamExt as _;
                 use sqlx::{Column as _, Row as _};
                 use $crate::db_error::DbResultExt as _;
-                let mut rows = $bind(sqlx::query(sql), args).fetch(&mut *self.0);
+                let mut rows = $bind(sqlx::query(sql), args).fetch(self.connection());
                 let mut names: Option<std::sync::Arc<[String]>> = None;
                 while let Some(row) = rows.try_next().await.db()? {
                     let names = names.get_or_insert_with(|| {
@@ -216,8 +217,7 @@ macro_rules! sqlx_ledger_tx {
             }
 
             async fn commit(self) -> Result<(), tidemark_core::Error> {
-                use $crate::db_error::DbResultExt as _;
-                self.0.commit().await.db()
+                self.commit_now().await
             }
         }
     };
@@ -275,9 +275,14 @@ pub(crate) trait Driver: Send + Sync {
     /// The SQL dialect.
     const DIALECT: Dialect;
 
-    /// Begins a transaction. On SQLite its first statement should write, so
-    /// the write lock is taken before anything is read.
+    /// Begins a transaction that will write. On SQLite it takes the write
+    /// lock at once (`BEGIN IMMEDIATE`), waiting on the busy timeout, so it
+    /// never fails later on a stale read snapshot.
     fn begin(&self) -> impl Future<Output = Result<Self::Tx, Error>> + Send;
+
+    /// Begins a transaction that only reads: on SQLite it does not keep
+    /// writers waiting while it reads.
+    fn begin_read(&self) -> impl Future<Output = Result<Self::Tx, Error>> + Send;
 
     /// Creates the destination table when missing, or checks that the
     /// existing one agrees with the pipeline (a contract error otherwise).

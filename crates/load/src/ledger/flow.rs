@@ -285,7 +285,7 @@ pub(crate) async fn status<D: Driver>(
     pipeline: &str,
     period_start: Option<&str>,
 ) -> Result<Vec<LedgerEntry>, Error> {
-    let mut tx = driver.begin().await?;
+    let mut tx = driver.begin_read().await?;
     let mut entries = Vec::new();
     tx.fetch_each(
         &sql::<D>().status,

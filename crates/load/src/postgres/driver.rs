@@ -2,7 +2,7 @@
 //! cells read back, and the data plane (binary `COPY` in, `COPY` out).
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::postgres::{PgArguments, PgConnection, PgRow};
 use sqlx::{Postgres, Row as _, Transaction, TypeInfo as _, ValueRef as _};
 use std::borrow::Cow;
 use tidemark_core::spec::OnMissing;
@@ -17,6 +17,16 @@ use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
 
 /// A ledger transaction on one PostgreSQL connection.
 pub(crate) struct PgTx(Transaction<'static, Postgres>);
+
+impl PgTx {
+    fn connection(&mut self) -> &mut PgConnection {
+        &mut self.0
+    }
+
+    async fn commit_now(self) -> Result<(), Error> {
+        self.0.commit().await.db()
+    }
+}
 
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 
@@ -106,6 +116,10 @@ impl Driver for PgStore {
 
     async fn begin(&self) -> Result<PgTx, Error> {
         Ok(PgTx(self.pool.begin().await.db()?))
+    }
+
+    async fn begin_read(&self) -> Result<PgTx, Error> {
+        self.begin().await
     }
 
     async fn ensure_table(&self, schema: &TableSchema) -> Result<(), Error> {

@@ -1,20 +1,63 @@
 //! SQLite behind the ledger's driver boundary: how arguments bind, how
 //! cells read back, and the data plane on the raw handle.
 
-use sqlx::sqlite::{SqliteArguments, SqliteRow};
-use sqlx::{Row as _, Sqlite, Transaction, TypeInfo as _, ValueRef as _};
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
+use sqlx::{Row as _, Sqlite, TypeInfo as _, ValueRef as _};
 use tidemark_core::spec::OnMissing;
 use tidemark_core::Error;
 
 use super::{raw, table, SqliteStore};
-use crate::db_error::DbResultExt;
+use crate::db_error::{db_error, DbResultExt};
 use crate::ledger::driver::{Arg, Cell, Dialect, Driver};
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
 
-/// A ledger transaction on one SQLite connection.
-pub(crate) struct SqliteTx(Transaction<'static, Sqlite>);
+/// A transaction on one SQLite connection, begun and ended by tidemark
+/// itself rather than by sqlx's `Transaction`: after a failed statement or
+/// `COMMIT` (a full disk, an I/O error) SQLite may or may not have rolled
+/// the transaction back, and sqlx's count of open transactions then no
+/// longer matches the connection; handed back to the pool, such a
+/// connection went on holding the write lock (every other writer waited
+/// 60 s) or ran later statements outside any transaction. A transaction
+/// that is not committed therefore closes its connection instead of
+/// returning it: SQLite rolls back what is left at once.
+pub(crate) struct SqliteTx {
+    conn: PoolConnection<Sqlite>,
+    open: bool,
+}
+
+impl SqliteTx {
+    async fn begin(pool: &SqlitePool, begin: &str) -> Result<SqliteTx, Error> {
+        let mut conn = pool.acquire().await.db()?;
+        match sqlx::query(begin).execute(&mut *conn).await {
+            Ok(_) => Ok(SqliteTx { conn, open: true }),
+            Err(e) => {
+                conn.close_on_drop();
+                Err(db_error(e))
+            }
+        }
+    }
+
+    fn connection(&mut self) -> &mut SqliteConnection {
+        &mut self.conn
+    }
+
+    async fn commit_now(mut self) -> Result<(), Error> {
+        sqlx::query("COMMIT").execute(&mut *self.conn).await.db()?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl Drop for SqliteTx {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
+}
 
 type Query<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>;
 
@@ -60,11 +103,19 @@ impl Driver for SqliteStore {
     const DIALECT: Dialect = Dialect::Sqlite;
 
     async fn begin(&self) -> Result<SqliteTx, Error> {
-        Ok(SqliteTx(self.pool.begin().await.db()?))
+        SqliteTx::begin(&self.pool, "BEGIN IMMEDIATE").await
     }
 
+    async fn begin_read(&self) -> Result<SqliteTx, Error> {
+        SqliteTx::begin(&self.pool, "BEGIN").await
+    }
+
+    /// Checks or creates the table on one connection, under the write lock,
+    /// so two runs starting together cannot both create it.
     async fn ensure_table(&self, schema: &TableSchema) -> Result<(), Error> {
-        table::ensure_table(&self.pool, schema).await
+        let mut tx = self.begin().await?;
+        table::ensure_table(tx.connection(), schema).await?;
+        tx.commit_now().await
     }
 
     async fn stored_rows(
@@ -103,7 +154,7 @@ impl Driver for SqliteStore {
             run_id: stamp.run_id,
             loaded_at: &loaded_at,
         };
-        let written = raw::with_raw(&mut tx.0, |c| {
+        let written = raw::with_raw(tx.connection(), |c| {
             raw::write_rows(c, schema, &stamp, &batch.rows, rendered)
         })
         .await?;
@@ -120,7 +171,7 @@ impl Driver for SqliteStore {
         lineage: &Lineage,
         existing: &StoredHashes,
     ) -> Result<(u64, Vec<i64>), Error> {
-        raw::with_raw(&mut tx.0, |c| {
+        raw::with_raw(tx.connection(), |c| {
             raw::vanished_rows(c, schema, lineage, existing)
         })
         .await
@@ -134,6 +185,6 @@ impl Driver for SqliteStore {
         on_missing: OnMissing,
         rowids: &Vec<i64>,
     ) -> Result<u64, Error> {
-        table::delete_rows(&mut tx.0, schema, on_missing, rowids).await
+        table::delete_rows(tx.connection(), schema, on_missing, rowids).await
     }
 }

@@ -47,7 +47,7 @@ pub(super) async fn open_pool(
     .await
     .map_err(|e| {
         let mut error = db_error(e);
-        if let Error::Database { message, .. } = &mut error {
+        if let Error::Database { message, .. } | Error::Storage { message } = &mut error {
             *message = format!(
                 "cannot open the SQLite database {}: {message}",
                 options.get_filename().display()

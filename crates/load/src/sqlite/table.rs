@@ -8,8 +8,8 @@
 
 use std::collections::HashSet;
 
-use sqlx::sqlite::{SqliteConnection, SqlitePool};
-use sqlx::{Connection as _, Row as _, Sqlite, Transaction};
+use sqlx::sqlite::SqliteConnection;
+use sqlx::Row as _;
 use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, FieldType};
 
@@ -56,8 +56,10 @@ fn accepts(ty: FieldType, declared: &str) -> bool {
 /// current: the `SELECT` on `sqlite_master` does check (and reloads a
 /// schema another connection changed), so the pragmas after it see a table
 /// created a moment ago by a run starting alongside this one.
-pub(super) async fn ensure_table(pool: &SqlitePool, schema: &TableSchema) -> Result<(), Error> {
-    let mut conn = pool.acquire().await.db()?;
+pub(super) async fn ensure_table(
+    conn: &mut SqliteConnection,
+    schema: &TableSchema,
+) -> Result<(), Error> {
     let exists: Option<String> =
         sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?")
             .bind(&schema.table)
@@ -65,9 +67,9 @@ pub(super) async fn ensure_table(pool: &SqlitePool, schema: &TableSchema) -> Res
             .await
             .db()?;
     if exists.is_none() {
-        return create_table(&mut conn, schema).await;
+        return create_table(conn, schema).await;
     }
-    check_table(&mut conn, schema).await
+    check_table(conn, schema).await
 }
 
 async fn create_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Result<(), Error> {
@@ -82,12 +84,11 @@ async fn create_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Resu
     }
     columns.push(format!("UNIQUE ({})", key_list(schema)));
     let table = quote(&schema.table);
-    let mut tx = conn.begin().await.db()?;
     sqlx::query(&format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n  {}\n)",
         columns.join(",\n  ")
     ))
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await
     .db()?;
     // The run-key index holds the period start alone: source and export
@@ -100,10 +101,9 @@ async fn create_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Resu
         "CREATE INDEX IF NOT EXISTS {} ON {table} (_tm_period_start)",
         quote(&format!("{}__tm_run_key", schema.table))
     ))
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await
     .db()?;
-    tx.commit().await.db()?;
     tracing::info!(table = %schema.table, "created destination table");
     Ok(())
 }
@@ -200,7 +200,7 @@ pub(super) struct Stamp<'a> {
 }
 
 pub(super) async fn delete_rows(
-    tx: &mut Transaction<'_, Sqlite>,
+    conn: &mut SqliteConnection,
     schema: &TableSchema,
     on_missing: OnMissing,
     rowids: &[i64],
@@ -223,7 +223,7 @@ pub(super) async fn delete_rows(
         for id in chunk {
             query = query.bind(*id);
         }
-        deleted += query.execute(&mut **tx).await.db()?.rows_affected();
+        deleted += query.execute(&mut *conn).await.db()?.rows_affected();
     }
     Ok(deleted)
 }
