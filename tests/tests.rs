@@ -5,5 +5,6 @@ mod support;
 
 mod coordination;
 mod foundation;
+mod hardening_periods;
 mod http;
 mod scheduler;
