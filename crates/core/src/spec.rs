@@ -732,7 +732,7 @@ impl Checker<'_> {
             return Err(self.err(
                 "retry.base_delay",
                 format!(
-                    "{:?} is longer than retry.max_delay = {:?}: the first backoff cannot exceed the largest; give a base_delay up to {:?} or raise max_delay",
+                    "{:?} cannot work with retry.max_delay = {:?}: the first backoff cannot be longer than the largest; give a base_delay up to {:?}, or raise max_delay",
                     retry.base_delay, retry.max_delay, retry.max_delay
                 ),
             ));
