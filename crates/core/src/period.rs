@@ -76,7 +76,7 @@ pub enum PeriodParseError {
     },
     /// The timezone's clocks skip the whole period (a spring-forward hour,
     /// or a day skipped by a jump across the date line).
-    #[error("{timezone} has no {granularity} {name} (named by {text:?}): its clocks jump from {gap_from} straight to {gap_to}, so that {granularity} holds no instant; name the {granularity} before or after it")]
+    #[error("{timezone} has no {granularity} {name} (named by {text:?}): its clocks skip the local times from {gap_from} to {gap_to}, so that {granularity} holds no instant; name the {granularity} before or after it")]
     Skipped {
         /// The text that was given.
         text: String,
@@ -88,7 +88,7 @@ pub enum PeriodParseError {
         name: String,
         /// The first local time the clocks skip.
         gap_from: String,
-        /// The local time they jump to.
+        /// The first local time after the gap.
         gap_to: String,
     },
     /// The period reaches outside the years 0001–9999.
@@ -188,7 +188,7 @@ impl Period {
         for (which, at) in [("starts", self.start), ("ends", self.end())] {
             if !YEARS.contains(&at.year()) || !YEARS.contains(&at.naive_utc().year()) {
                 return Err(format!(
-                    "it {which} at {} ({} UTC)",
+                    "it {which} at {} ({})",
                     exact_rfc3339(at),
                     rfc3339(&at.with_timezone(&Utc))
                 ));
