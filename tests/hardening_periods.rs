@@ -296,6 +296,10 @@ key = ["id"]
             pipeline("pagination = { style = \"offset\", size = 0 }", "", "", ""),
             "sources[0].pagination.size",
         ),
+        (
+            pipeline("delimiter = '\"'", "", "", ""),
+            "sources[0].delimiter",
+        ),
         (pipeline("", "lag = \"300000000y\"", "", ""), "period.lag"),
         (
             pipeline("", "lookback = 4000000000", "", ""),

@@ -868,6 +868,11 @@ impl Checker<'_> {
     fn delimiter(&self, key: &str, delimiter: Option<char>) -> Result<(), Error> {
         match delimiter {
             Some(c) if !c.is_ascii() => Err(self.err(key, "must be one ASCII character")),
+            // The quote and line ends already mean something in CSV.
+            Some(c @ ('"' | '\n' | '\r')) => Err(self.err(
+                key,
+                format!("{c:?} cannot work: it already quotes or ends CSV records; give another ASCII character such as ';' or '\\t'"),
+            )),
             _ => Ok(()),
         }
     }
@@ -1154,6 +1159,11 @@ url = "http://127.0.0.1:1/orders"
                 GOOD.replace("start = \"2024-01-01\"", "start = \"0000-01-01\""),
                 "period.start",
                 "0001-9999",
+            ),
+            (
+                GOOD.replace("format = \"csv\"", "format = \"csv\"\ndelimiter = '\"'"),
+                "sources[0].delimiter",
+                "give another ASCII character",
             ),
         ];
         for (text, key, works) in cases {
