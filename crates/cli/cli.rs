@@ -195,6 +195,30 @@ pub struct ValidateArgs {
 #[derive(Debug, Args)]
 pub struct PruneArgs {
     /// Age beyond which history goes, e.g. 30d, 12h.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = parse_age)]
     pub older_than: std::time::Duration,
+}
+
+/// `prune --older-than`: a duration whose cut-off (now minus it) is a
+/// time both databases store, in the year 1 or later. A longer one once
+/// overflowed: `300000000y` became a cut-off of now and pruned all history,
+/// `99999999999d` panicked. Refused, it is a usage error that touches
+/// nothing.
+fn parse_age(text: &str) -> Result<std::time::Duration, String> {
+    let age = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    let now = chrono::Utc::now();
+    let year_one = chrono::NaiveDate::from_ymd_opt(1, 1, 1)
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .map(|t| t.and_utc())
+        .ok_or("no year 1")?;
+    let cutoff = chrono::Duration::from_std(age)
+        .ok()
+        .and_then(|age| now.checked_sub_signed(age));
+    match cutoff {
+        Some(cutoff) if cutoff >= year_one => Ok(age),
+        _ => Err(format!(
+            "{text} reaches back before the year 1, so no cut-off can be computed from it; give at most {}d (such as 90d)",
+            (now - year_one).num_days()
+        )),
+    }
 }

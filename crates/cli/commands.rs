@@ -207,8 +207,8 @@ pub async fn run_jobs(
 
 async fn backfill(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
     let pipeline = Arc::new(load_runnable(global, &args.pipeline)?);
-    let from = pipeline.period(&args.from)?;
-    let to = pipeline.period(&args.to)?;
+    let from = pipeline.period_arg("--from", &args.from)?;
+    let to = pipeline.period_arg("--to", &args.to)?;
     if to.start() < from.start() {
         return Err(Error::config(
             "command line",

@@ -4,6 +4,7 @@
 //! error, not a silently ignored safety rail. [`Pipeline::load`] names the
 //! file and the offending key in every error.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -469,13 +470,9 @@ impl Pipeline {
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let check = Checker { file: &file };
         check.spec(&spec)?;
-        let retry = RetryPolicy {
-            max_attempts: spec.retry.max_attempts,
-            base_delay: check.duration("retry.base_delay", &spec.retry.base_delay)?,
-            max_delay: check.duration("retry.max_delay", &spec.retry.max_delay)?,
-        };
+        let retry = check.retry(&spec.retry)?;
         let lag = match &spec.period.lag {
-            Some(lag) => check.duration("period.lag", lag)?,
+            Some(lag) => check.limited("period.lag", lag, &LAG)?,
             None => Duration::ZERO,
         };
         let first_period = match &spec.period.start {
@@ -488,7 +485,11 @@ impl Pipeline {
         let schedule = match &spec.schedule {
             Some(ScheduleSpec {
                 every: Some(every), ..
-            }) => Some(Schedule::Every(check.duration("schedule.every", every)?)),
+            }) => Some(Schedule::Every(check.limited(
+                "schedule.every",
+                every,
+                &EVERY,
+            )?)),
             Some(ScheduleSpec {
                 cron: Some(cron), ..
             }) => Some(Schedule::Cron(Box::new(
@@ -512,14 +513,21 @@ impl Pipeline {
         self.file.display().to_string()
     }
 
-    /// Parses a period named on the command line.
+    /// Parses a period named on the command line by `--period`.
     pub fn period(&self, text: &str) -> Result<Period, Error> {
+        self.period_arg("--period", text)
+    }
+
+    /// Parses a period named on the command line by `flag` (`--from`,
+    /// `--to`, ...): a usage error naming the flag when the text names no
+    /// period, one the clocks skip, or one outside the years 0001-9999.
+    pub fn period_arg(&self, flag: &str, text: &str) -> Result<Period, Error> {
         Period::parse(
             text,
             self.spec.period.granularity,
             self.spec.period.timezone,
         )
-        .map_err(|e| Error::config("command line", "--period", e.to_string()))
+        .map_err(|e| Error::config("command line", flag, e.to_string()))
     }
 
     /// Every template of the pipeline that reads the environment must find
@@ -577,7 +585,14 @@ impl Pipeline {
                 "sync needs the first period: set period.start",
             )
         })?;
-        let horizon = now - chrono::Duration::from_std(self.lag).unwrap_or_default();
+        // `lag` is at most 366 days (checked on load); were it not, a lag
+        // that does not fit would make nothing due, never everything.
+        let Some(horizon) = chrono::Duration::from_std(self.lag)
+            .ok()
+            .and_then(|lag| now.checked_sub_signed(lag))
+        else {
+            return Ok(Vec::new());
+        };
         Ok(std::iter::successors(Some(first), |p| Some(p.next()))
             .take_while(|p| p.end().with_timezone(&chrono::Utc) <= horizon)
             .collect())
@@ -588,6 +603,76 @@ impl Pipeline {
         self.spec.sources.iter().find(|s| s.id() == id)
     }
 }
+
+/// The range of values a setting can work with: each end with the text
+/// that names it in an error, and why values outside cannot work.
+struct Limit<T> {
+    min: (T, &'static str),
+    max: (T, &'static str),
+    why: &'static str,
+}
+
+const fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+const DAY: u64 = 86_400;
+
+// The bounds of every duration and number in a pipeline file. Outside them a
+// setting cannot work (a zero timeout fails every request; a zero offset page
+// never advances), overflows (now minus a lag of 300000000y is no date), or
+// holds a worker for so long that it is surely a typo.
+
+const TIMEOUT: Limit<Duration> = Limit {
+    min: (Duration::from_millis(1), "1ms"),
+    max: (secs(DAY), "24h"),
+    why: "a request timeout of 0 fails every request (and each failure is retried as a timeout), and past 24h one hung request holds its period",
+};
+const DELAY: Limit<Duration> = Limit {
+    min: (Duration::from_millis(1), "1ms"),
+    max: (secs(3_600), "1h"),
+    why: "a backoff of 0 retries without any pause, and past 1h a worker sleeps on its period for longer than any outage is worth waiting out in one run",
+};
+const LAG: Limit<Duration> = Limit {
+    min: (Duration::ZERO, "0s"),
+    max: (secs(366 * DAY), "366d"),
+    why: "a period is due once its end plus the lag has passed; past 366d no period would come due for over a year",
+};
+const EVERY: Limit<Duration> = Limit {
+    min: (secs(1), "1s"),
+    max: (secs(366 * DAY), "366d"),
+    why: "an interval of 0 would run sync without pause, and past 366d it would not run in over a year (use cron for rare runs)",
+};
+const MAX_ATTEMPTS: Limit<u32> = Limit {
+    min: (1, "1"),
+    max: (100, "100"),
+    why: "the tries of one operation, the first included: 0 never tries, and past 100 a broken source is retried for hours",
+};
+const PER_SECOND: Limit<u32> = Limit {
+    min: (1, "1"),
+    max: (1_000_000, "1000000"),
+    why: "0 requests per second never sends one, and past 1000000 the limit is finer than the rate limiter's clock",
+};
+const BURST: Limit<u32> = Limit {
+    min: (0, "0"),
+    max: (1_000_000, "1000000"),
+    why: "the extra requests allowed at once; past 1000000 it is no limit",
+};
+const BATCH_SIZE: Limit<usize> = Limit {
+    min: (1, "1"),
+    max: (1_000_000, "1000000"),
+    why: "a batch is held in memory and committed as one transaction: 0 records load nothing, and past 1000000 a batch takes too much memory and too long a transaction",
+};
+const LOOKBACK: Limit<u32> = Limit {
+    min: (0, "0"),
+    max: (1_000, "1000"),
+    why: "sync re-runs the last N done periods on every run; past 1000 it re-runs a whole history each time",
+};
+const PAGE_SIZE: Limit<u64> = Limit {
+    min: (1, "1"),
+    max: (1_000_000, "1000000"),
+    why: "a page of 0 records asks for nothing (an offset would never advance), and past 1000000 no API serves such a page",
+};
 
 struct Checker<'a> {
     file: &'a str,
@@ -601,6 +686,62 @@ impl Checker<'_> {
     fn duration(&self, key: &str, text: &str) -> Result<Duration, Error> {
         humantime::parse_duration(text)
             .map_err(|e| self.err(key, format!("invalid duration {text:?}: {e}")))
+    }
+
+    /// A duration within `limit`; the error says what would work.
+    fn limited(&self, key: &str, text: &str, limit: &Limit<Duration>) -> Result<Duration, Error> {
+        let value = self.duration(key, text)?;
+        if (limit.min.0..=limit.max.0).contains(&value) {
+            return Ok(value);
+        }
+        Err(self.err(
+            key,
+            format!(
+                "{text:?} cannot work: {}; give a duration from {} to {}",
+                limit.why, limit.min.1, limit.max.1
+            ),
+        ))
+    }
+
+    /// A number within `limit`; the error says what would work.
+    fn count<T: PartialOrd + fmt::Display>(
+        &self,
+        key: &str,
+        value: T,
+        limit: &Limit<T>,
+    ) -> Result<(), Error> {
+        if value >= limit.min.0 && value <= limit.max.0 {
+            return Ok(());
+        }
+        Err(self.err(
+            key,
+            format!(
+                "{value} cannot work: {}; give a number from {} to {}",
+                limit.why, limit.min.1, limit.max.1
+            ),
+        ))
+    }
+
+    /// `[retry]`: each bound, and the first backoff no longer than the
+    /// largest.
+    fn retry(&self, retry: &RetrySpec) -> Result<RetryPolicy, Error> {
+        self.count("retry.max_attempts", retry.max_attempts, &MAX_ATTEMPTS)?;
+        let base_delay = self.limited("retry.base_delay", &retry.base_delay, &DELAY)?;
+        let max_delay = self.limited("retry.max_delay", &retry.max_delay, &DELAY)?;
+        if base_delay > max_delay {
+            return Err(self.err(
+                "retry.base_delay",
+                format!(
+                    "{:?} cannot work with retry.max_delay = {:?}: the first backoff cannot be longer than the largest; give a base_delay up to {:?}, or raise max_delay",
+                    retry.base_delay, retry.max_delay, retry.max_delay
+                ),
+            ));
+        }
+        Ok(RetryPolicy {
+            max_attempts: retry.max_attempts,
+            base_delay,
+            max_delay,
+        })
     }
 
     fn identifier(&self, key: &str, name: &str) -> Result<(), Error> {
@@ -634,13 +775,11 @@ impl Checker<'_> {
         self.sources(spec)?;
         self.fields(spec)?;
         self.load(spec)?;
-        if spec.retry.max_attempts == 0 {
-            return Err(self.err("retry.max_attempts", "must be at least 1"));
-        }
+        self.count("period.lookback", spec.period.lookback, &LOOKBACK)?;
         if let Some(schedule) = &spec.schedule {
             match (&schedule.every, &schedule.cron) {
                 (Some(every), None) => {
-                    self.duration("schedule.every", every)?;
+                    self.limited("schedule.every", every, &EVERY)?;
                 }
                 (None, Some(_)) => {}
                 _ => return Err(self.err("schedule", "give exactly one of `every` or `cron`")),
@@ -678,12 +817,20 @@ impl Checker<'_> {
                     self.records_pointer(&at("records"), h.format, h.records.as_deref())?;
                     self.delimiter(&at("delimiter"), h.delimiter)?;
                     if let Some(t) = &h.timeout {
-                        self.duration(&at("timeout"), t)?;
+                        self.limited(&at("timeout"), t, &TIMEOUT)?;
                     }
                     if let Some(rl) = h.rate_limit {
-                        if rl.per_second == 0 {
-                            return Err(self.err(at("rate_limit.per_second"), "must be at least 1"));
+                        self.count(&at("rate_limit.per_second"), rl.per_second, &PER_SECOND)?;
+                        self.count(&at("rate_limit.burst"), rl.burst.unwrap_or(0), &BURST)?;
+                    }
+                    match h.pagination {
+                        Pagination::Page {
+                            size: Some(size), ..
                         }
+                        | Pagination::Offset { size, .. } => {
+                            self.count(&at("pagination.size"), size, &PAGE_SIZE)?;
+                        }
+                        _ => {}
                     }
                     if let Pagination::Cursor { cursor, .. } = &h.pagination {
                         if !cursor.starts_with('/') {
@@ -721,6 +868,11 @@ impl Checker<'_> {
     fn delimiter(&self, key: &str, delimiter: Option<char>) -> Result<(), Error> {
         match delimiter {
             Some(c) if !c.is_ascii() => Err(self.err(key, "must be one ASCII character")),
+            // The quote and line ends already mean something in CSV.
+            Some(c @ ('"' | '\n' | '\r')) => Err(self.err(
+                key,
+                format!("{c:?} cannot work: it already quotes or ends CSV records; give another ASCII character such as ';' or '\\t'"),
+            )),
             _ => Ok(()),
         }
     }
@@ -786,9 +938,7 @@ impl Checker<'_> {
         if !(0.0..=1.0).contains(&load.max_delete_fraction) {
             return Err(self.err("load.max_delete_fraction", "must be between 0.0 and 1.0"));
         }
-        if load.batch_size == 0 {
-            return Err(self.err("load.batch_size", "must be at least 1"));
-        }
+        self.count("load.batch_size", load.batch_size, &BATCH_SIZE)?;
         Ok(())
     }
 }
@@ -903,6 +1053,138 @@ on_missing = "delete"
         assert_eq!(key, "fields._tm_region");
         let (key, _) = config_err(&GOOD.replace("table = \"orders\"", "table = \"orders; drop\""));
         assert_eq!(key, "load.table");
+    }
+
+    const HTTP_SOURCE: &str = r#"[[sources]]
+id = "api"
+transport = "http"
+format = "json"
+url = "http://127.0.0.1:1/orders"
+"#;
+
+    /// GOOD with its file source replaced by an HTTP one plus `extra` lines.
+    fn http(extra: &str) -> String {
+        let start = GOOD.find("[[sources]]").expect("sources");
+        let end = GOOD.find("[fields]").expect("fields");
+        format!("{}{HTTP_SOURCE}{extra}\n\n{}", &GOOD[..start], &GOOD[end..])
+    }
+
+    /// Every duration and number with a value that cannot work is a
+    /// configuration error naming the key and saying what would work.
+    #[test]
+    fn durations_and_numbers_that_cannot_work_are_refused() {
+        let retry = |body: &str| format!("{GOOD}\n[retry]\n{body}\n");
+        let schedule = |every: &str| format!("{GOOD}\n[schedule]\nevery = \"{every}\"\n");
+        let cases: Vec<(String, &str, &str)> = vec![
+            (
+                GOOD.replace("lag = \"2h\"", "lag = \"300000000y\""),
+                "period.lag",
+                "0s to 366d",
+            ),
+            (
+                GOOD.replace("lag = \"2h\"", "lag = \"400d\""),
+                "period.lag",
+                "0s to 366d",
+            ),
+            (
+                GOOD.replace("lag = \"2h\"", "lag = \"2h\"\nlookback = 100000"),
+                "period.lookback",
+                "0 to 1000",
+            ),
+            (
+                retry("base_delay = \"0s\""),
+                "retry.base_delay",
+                "1ms to 1h",
+            ),
+            (
+                retry("max_delay = \"100y\""),
+                "retry.max_delay",
+                "1ms to 1h",
+            ),
+            (
+                retry("base_delay = \"10s\"\nmax_delay = \"5s\""),
+                "retry.base_delay",
+                "up to \"5s\"",
+            ),
+            (retry("max_attempts = 0"), "retry.max_attempts", "1 to 100"),
+            (
+                retry("max_attempts = 4000000000"),
+                "retry.max_attempts",
+                "1 to 100",
+            ),
+            (schedule("0s"), "schedule.every", "1s to 366d"),
+            (schedule("1000y"), "schedule.every", "1s to 366d"),
+            (
+                GOOD.replace("on_missing = \"delete\"", "batch_size = 0"),
+                "load.batch_size",
+                "1 to 1000000",
+            ),
+            (
+                GOOD.replace("on_missing = \"delete\"", "batch_size = 1000000000000"),
+                "load.batch_size",
+                "1 to 1000000",
+            ),
+            (http("timeout = \"0s\""), "sources[0].timeout", "1ms to 24h"),
+            (
+                http("timeout = \"1000d\""),
+                "sources[0].timeout",
+                "1ms to 24h",
+            ),
+            (
+                http("rate_limit = { per_second = 0 }"),
+                "sources[0].rate_limit.per_second",
+                "1 to 1000000",
+            ),
+            (
+                http("rate_limit = { per_second = 4294967295 }"),
+                "sources[0].rate_limit.per_second",
+                "1 to 1000000",
+            ),
+            (
+                http("rate_limit = { per_second = 5, burst = 4294967295 }"),
+                "sources[0].rate_limit.burst",
+                "0 to 1000000",
+            ),
+            (
+                http("pagination = { style = \"offset\", size = 0 }"),
+                "sources[0].pagination.size",
+                "1 to 1000000",
+            ),
+            (
+                http("pagination = { style = \"page\", size = 0 }"),
+                "sources[0].pagination.size",
+                "1 to 1000000",
+            ),
+            (
+                GOOD.replace("start = \"2024-01-01\"", "start = \"0000-01-01\""),
+                "period.start",
+                "0001-9999",
+            ),
+            (
+                GOOD.replace("format = \"csv\"", "format = \"csv\"\ndelimiter = '\"'"),
+                "sources[0].delimiter",
+                "give another ASCII character",
+            ),
+        ];
+        for (text, key, works) in cases {
+            let (got_key, message) = config_err(&text);
+            assert_eq!(got_key, key, "{message}");
+            assert!(message.contains(works), "{key}: {message}");
+            assert!(
+                message.contains("give ") || message.contains("0001-9999"),
+                "{key}: says what would work: {message}"
+            );
+        }
+        // The edges themselves work.
+        for text in [
+            GOOD.replace("lag = \"2h\"", "lag = \"366d\""),
+            GOOD.replace("lag = \"2h\"", "lag = \"0s\""),
+            retry("base_delay = \"1ms\"\nmax_delay = \"1ms\"\nmax_attempts = 100"),
+            http("timeout = \"24h\"\nrate_limit = { per_second = 1000000, burst = 0 }"),
+            http("pagination = { style = \"offset\", size = 1000000 }"),
+        ] {
+            assert!(parse(&text).is_ok(), "{text}: {:?}", parse(&text).err());
+        }
     }
 
     #[test]

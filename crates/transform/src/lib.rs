@@ -65,6 +65,7 @@
 // is core's decision, and errors are the cold path here, so the lint about
 // large `Err` variants is not actionable in this crate.
 
+mod decimal;
 mod parse;
 mod plan;
 

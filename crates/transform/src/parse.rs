@@ -12,6 +12,8 @@ use rust_decimal::prelude::ToPrimitive;
 use rust_decimal::Decimal;
 use tidemark_core::{FieldType, Value};
 
+use crate::decimal;
+
 /// A present (non-absent) raw value, as the parser sees it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Raw<'a> {
@@ -133,8 +135,12 @@ impl Parser {
     /// stores. (A nanosecond key stored by PostgreSQL as microseconds no
     /// longer matched its source key on the next run, and the row was
     /// reconciled away as vanished.)
+    ///
+    /// A leap second (`23:59:60`, which chrono reads and SQLite would keep
+    /// as that text) is the first instant of the next minute, as PostgreSQL
+    /// stores it: one value on both databases, hashed as stored.
     pub(crate) fn parse(&self, raw: Raw<'_>) -> Result<Value, String> {
-        let value = to_microseconds(self.read(raw)?);
+        let value = as_stored(self.read(raw)?);
         storable(&value)?;
         Ok(value)
     }
@@ -215,13 +221,33 @@ impl Parser {
     }
 }
 
-/// Drops the digits of a time below the microsecond.
-fn to_microseconds(value: Value) -> Value {
+/// A time as every database stores it: a leap second moved to the next
+/// minute, digits below the microsecond dropped.
+fn as_stored(value: Value) -> Value {
     use chrono::SubsecRound;
     match value {
-        Value::Timestamp(t) => Value::Timestamp(t.trunc_subsecs(6)),
-        Value::Timestamptz(t) => Value::Timestamptz(t.trunc_subsecs(6)),
+        Value::Timestamp(t) => Value::Timestamp(without_leap_second(t).trunc_subsecs(6)),
+        Value::Timestamptz(t) => Value::Timestamptz(
+            without_leap_second(t.naive_utc())
+                .and_utc()
+                .trunc_subsecs(6),
+        ),
         other => other,
+    }
+}
+
+/// chrono keeps a leap second as second 59 with a nanosecond count of one
+/// second or more; this turns `23:59:60.5` into `00:00:00.5` of the next
+/// minute.
+fn without_leap_second(t: NaiveDateTime) -> NaiveDateTime {
+    use chrono::Timelike;
+    const SECOND: u32 = 1_000_000_000;
+    match t.nanosecond().checked_sub(SECOND) {
+        Some(within) => t
+            .with_nanosecond(within)
+            .and_then(|t| t.checked_add_signed(chrono::Duration::seconds(1)))
+            .unwrap_or(t),
+        None => t,
     }
 }
 
@@ -336,13 +362,20 @@ pub(crate) fn parse_int(s: &str) -> Result<i64, String> {
     if let Ok(i) = s.parse::<i64>() {
         return Ok(i);
     }
-    let decimal = parse_decimal(s).map_err(|_| "not an integer".to_string())?;
+    if !is_plain_number(s) {
+        return Err("not an integer".to_string());
+    }
+    let out_of_range = || "not an integer (out of the 64-bit range)".to_string();
+    let decimal = match decimal::exact(s) {
+        Ok(decimal) => decimal,
+        Err(decimal::Unfit::Magnitude) => return Err(out_of_range()),
+        // More digits or places than a decimal holds: some are fraction digits.
+        Err(_) => return Err("not an integer (has a fraction)".to_string()),
+    };
     if !decimal.fract().is_zero() {
         return Err("not an integer (has a fraction)".to_string());
     }
-    decimal
-        .to_i64()
-        .ok_or_else(|| "not an integer (out of the 64-bit range)".to_string())
+    decimal.to_i64().ok_or_else(out_of_range)
 }
 
 /// A finite binary float.
@@ -357,41 +390,14 @@ pub(crate) fn parse_float(s: &str) -> Result<f64, String> {
     }
 }
 
-/// An exact decimal, normalised. Never goes through `f64`, and refuses
-/// rather than rounds a value that needs more than 28 digits.
+/// An exact decimal, normalised. Never goes through `f64` and never
+/// rounds: a value that does not fit is refused, naming the limit it passes
+/// (magnitude, significant digits or places after the point).
 pub(crate) fn parse_decimal(s: &str) -> Result<Decimal, String> {
     if !is_plain_number(s) {
         return Err("not a decimal".to_string());
     }
-    let out_of_range = |_| "decimal out of range (at most 28 significant digits)".to_string();
-    let (mantissa, exponent) = match s.find(['e', 'E']) {
-        Some(at) => (&s[..at], Some(&s[at..])),
-        None => (s, None),
-    };
-    let mantissa = trim_fraction_zeros(mantissa);
-    let decimal = match exponent {
-        None => Decimal::from_str_exact(&mantissa).map_err(out_of_range)?,
-        Some(exponent) => {
-            // from_scientific rounds an over-long mantissa; check it is exact first.
-            Decimal::from_str_exact(&mantissa).map_err(out_of_range)?;
-            Decimal::from_scientific(&format!("{mantissa}{exponent}")).map_err(out_of_range)?
-        }
-    };
-    Ok(decimal.normalize())
-}
-
-/// Drops trailing fraction zeros (`1.500` → `1.5`, `-.0` → `0`): they do not
-/// change the value but would count against the 28-digit scale limit.
-fn trim_fraction_zeros(mantissa: &str) -> String {
-    if !mantissa.contains('.') {
-        return mantissa.to_string();
-    }
-    let trimmed = mantissa.trim_end_matches('0').trim_end_matches('.');
-    if trimmed.trim_start_matches(['+', '-']).is_empty() {
-        "0".to_string()
-    } else {
-        trimmed.to_string()
-    }
+    decimal::exact(s).map_err(|unfit| unfit.to_string())
 }
 
 /// true/false, t/f, yes/no, y/n, 1/0, in any case.
@@ -494,6 +500,35 @@ mod tests {
             };
             assert!(text(ty, edge).is_ok(), "{ty} {edge}");
         }
+    }
+
+    #[test]
+    fn a_leap_second_is_the_next_minute_as_postgresql_stores_it() {
+        for (input, stored) in [
+            ("2016-12-31T23:59:60Z", "2017-01-01T00:00:00Z"),
+            ("2016-12-31T23:59:60.5Z", "2017-01-01T00:00:00.5Z"),
+            (
+                "2016-12-31T23:59:60.123456789Z",
+                "2017-01-01T00:00:00.123456Z",
+            ),
+            ("2017-01-01T00:59:60+01:00", "2017-01-01T00:00:00Z"),
+        ] {
+            assert_eq!(
+                text(FieldType::Timestamptz, input),
+                Ok(utc(stored)),
+                "{input}"
+            );
+        }
+        let naive = text(FieldType::Timestamp, "2016-12-31T23:59:60").unwrap();
+        assert_eq!(
+            naive.canonical_text().as_deref(),
+            Some("2017-01-01T00:00:00")
+        );
+        let german = parser(FieldType::Timestamptz, Some("%d.%m.%Y %H:%M:%S"));
+        assert_eq!(
+            german.parse(Raw::Text("31.12.2016 23:59:60")),
+            Ok(utc("2016-12-31T23:00:00Z"))
+        );
     }
 
     #[test]
@@ -641,6 +676,19 @@ mod tests {
         assert!(text(FieldType::Decimal, "1e40")
             .unwrap_err()
             .contains("out of range"));
+        // Two significant digits: the limit passed is the magnitude.
+        let magnitude = text(FieldType::Decimal, "1.5E+30").unwrap_err();
+        assert!(
+            magnitude.contains("magnitude exceeds 79228162514264337593543950335")
+                && !magnitude.contains("significant"),
+            "{magnitude}"
+        );
+        assert!(text(FieldType::Decimal, "1e-29")
+            .unwrap_err()
+            .contains("29 places after the point"));
+        assert!(text(FieldType::Int, "1e30")
+            .unwrap_err()
+            .contains("64-bit range"));
         assert!(
             text(FieldType::Decimal, "1.0000000000000000000000000000001")
                 .unwrap_err()
