@@ -108,16 +108,27 @@ async fn two_schedulers_never_run_a_period_twice(backend: Backend) {
     }
 }
 
-async fn serve_without_schedules_is_a_config_error(backend: Backend) {
-    let env = Env::orders(backend).await;
-    let out = env.tidemark(&["serve"]);
-    out.expect_code(2, "no scheduled pipeline");
-    assert!(out.stderr.contains("schedule"), "{out}");
+/// A pipeline without `[schedule]` is still worked (its keys come from
+/// `backfill --enqueue`), but a folder with no pipeline at all, or with a
+/// broken one, is a configuration error before any database is touched.
+async fn serve_without_pipelines_is_a_config_error(backend: Backend) {
+    let env = Env::new(backend).await;
+    let out = env.tidemark(&["serve", "--drain"]);
+    out.expect_code(2, "no pipeline files");
+    assert!(out.stderr.contains("no pipeline files"), "{out}");
+    env.copy_example("orders");
+    env.edit_pipeline("orders", |t| t.replace("on_missing", "on_mising"));
+    let out = env.tidemark(&["serve", "--drain"]);
+    out.expect_code(2, "a broken pipeline file");
+    assert!(
+        out.stderr.contains("orders.toml") && out.stderr.contains("on_mising"),
+        "{out}"
+    );
     assert!(env.db.untouched().await, "no database touched");
 }
 
 backend_tests! {
     sync_runs_due_periods_then_only_lookback: sync_runs_due_periods_then_only_lookback_sqlite, sync_runs_due_periods_then_only_lookback_postgres;
     two_schedulers_never_run_a_period_twice: two_schedulers_never_run_a_period_twice_sqlite, two_schedulers_never_run_a_period_twice_postgres;
-    serve_without_schedules_is_a_config_error: serve_without_schedules_is_a_config_error_sqlite, serve_without_schedules_is_a_config_error_postgres;
+    serve_without_pipelines_is_a_config_error: serve_without_pipelines_is_a_config_error_sqlite, serve_without_pipelines_is_a_config_error_postgres;
 }

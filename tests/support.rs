@@ -630,7 +630,29 @@ impl Env {
     /// `tidemark --database-url URL ARGS...`, for a URL other than the test
     /// database's own (connection options, a server that is not there).
     fn command_at(&self, url: &str, args: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
+        self.command_on(None, url, args)
+    }
+
+    /// The command, run on its own host name when `host` is given: in a new
+    /// UTS namespace (`unshare --uts`, as root), so that its worker id names
+    /// another host and the lease path is exercised, not the same-host
+    /// dead-holder shortcut.
+    fn command_on(&self, host: Option<&str>, url: &str, args: &[&str]) -> Command {
+        let mut cmd = match host {
+            None => Command::new(BIN),
+            Some(host) => {
+                let mut cmd = Command::new("unshare");
+                cmd.args([
+                    "--uts",
+                    "sh",
+                    "-c",
+                    "hostname \"$0\" && exec \"$@\"",
+                    host,
+                    BIN,
+                ]);
+                cmd
+            }
+        };
         cmd.current_dir(self.dir.path())
             .arg("--database-url")
             .arg(url)
@@ -664,11 +686,21 @@ impl Env {
 
     /// Starts tidemark against `url` in the background.
     pub fn spawn_at(&self, url: &str, args: &[&str]) -> Running {
+        self.spawn_on(None, url, args)
+    }
+
+    /// Starts tidemark in the background as if on another host (see
+    /// [`Env::command_on`]).
+    pub fn spawn_on_host(&self, host: &str, args: &[&str]) -> Running {
+        self.spawn_on(Some(host), &self.db.url(), args)
+    }
+
+    fn spawn_on(&self, host: Option<&str>, url: &str, args: &[&str]) -> Running {
         let n = self.spawned.fetch_add(1, Ordering::SeqCst);
         let stdout = self.path(format!("proc-{n}.stdout"));
         let stderr = self.path(format!("proc-{n}.stderr"));
         let child = self
-            .command_at(url, args)
+            .command_on(host, url, args)
             .stdout(fs::File::create(&stdout).expect("stdout file"))
             .stderr(fs::File::create(&stderr).expect("stderr file"))
             .spawn()
@@ -679,6 +711,22 @@ impl Env {
             stderr,
             started: Instant::now(),
             args: args.join(" "),
+        }
+    }
+
+    /// Runs tidemark with extra environment variables.
+    pub fn tidemark_env(&self, vars: &[(&str, &str)], args: &[&str]) -> Out {
+        let started = Instant::now();
+        let mut command = self.command(args);
+        command.envs(vars.iter().copied());
+        let output = command
+            .output()
+            .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}"));
+        Out {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            elapsed: started.elapsed(),
         }
     }
 
@@ -813,6 +861,38 @@ impl Running {
             thread::sleep(Duration::from_millis(20));
         };
         self.output(status.code())
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`, `HUP`, `STOP`, `CONT`).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {}", self.child.id());
+    }
+
+    /// The output so far, while it runs.
+    pub fn output_so_far(&self) -> Out {
+        self.output(None)
+    }
+
+    /// Waits until its stderr contains `text`, or panics after `timeout`.
+    pub fn wait_for_stderr(&self, text: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !fs::read_to_string(&self.stderr)
+            .unwrap_or_default()
+            .contains(text)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "`tidemark {}` did not log {text:?} within {timeout:?}\n{}",
+                self.args,
+                self.output(None)
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// `kill -9`, reaped (a zombie would still look alive in /proc).

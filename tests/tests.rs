@@ -10,4 +10,5 @@ mod foundation;
 mod hardening_periods;
 mod http;
 mod scheduler;
+mod service;
 mod storage;

@@ -17,7 +17,7 @@ pub struct Cli {
 }
 
 /// Options every command takes.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct Global {
     /// Destination database, which also holds the ledger:
     /// sqlite://PATH (created when missing) or postgres://USER@HOST/DB.
@@ -36,6 +36,12 @@ pub struct Global {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// How long a run's lease lasts without a heartbeat (renewed every third
+    /// of it). A worker on another host takes over a key whose holder
+    /// stopped renewing once it has run out.
+    #[arg(long, global = true, default_value = "30s", value_parser = parse_lease_ttl)]
+    pub lease_ttl: std::time::Duration,
 }
 
 /// Log line format.
@@ -60,10 +66,16 @@ pub enum Command {
     /// end + lag has passed and that is not done yet, plus the last `lookback`
     /// done ones again (late data).
     Sync(SyncArgs),
-    /// Run `sync` for every pipeline in --pipelines DIR on its [schedule],
-    /// until interrupted. Any number of `serve` processes may share one
-    /// PostgreSQL: the ledger makes sure no period runs twice at once.
+    /// The long-running service: queue the due periods of every pipeline in
+    /// --pipelines DIR that has a [schedule], and work the queue with
+    /// --workers slots, until stopped (SIGTERM/SIGINT). Any number of `serve`
+    /// processes on any hosts may share one PostgreSQL: the ledger is the
+    /// work queue, and no period runs twice at once. SIGHUP re-reads the
+    /// pipeline files.
     Serve(ServeArgs),
+    /// Take queued (pending) run keys of a pipeline out of the queue; running
+    /// ones finish.
+    Cancel(CancelArgs),
     /// Show the ledger: what happened to each period.
     Status(StatusArgs),
     /// Check pipeline files without touching any database.
@@ -130,6 +142,19 @@ pub struct BackfillArgs {
     /// Periods to run at once.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
+
+    /// Only put the periods into the work queue (as `pending`) and return at
+    /// once, printing how many were queued; `serve` processes do the work.
+    /// Keys already done are queued again only with --force.
+    #[arg(long)]
+    pub enqueue: bool,
+
+    /// With --enqueue: the claim order. Each point is one minute of head
+    /// start over keys queued at the same time (scheduled periods get 1440);
+    /// a key that waits long enough is claimed whatever its priority.
+    #[arg(long, requires = "enqueue", default_value_t = 0, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-100_000..=100_000))]
+    pub priority: i64,
 }
 
 #[derive(Debug, Args)]
@@ -156,9 +181,50 @@ pub struct SyncArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Periods to run at once in this process.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub concurrency: u16,
+    /// Worker slots in this process: how many queued periods it runs at once
+    /// (across all pipelines).
+    #[arg(long, visible_alias = "concurrency", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub workers: u16,
+
+    /// Work only: do not queue scheduled periods (another `serve` does, or
+    /// `backfill --enqueue`).
+    #[arg(long)]
+    pub no_schedule: bool,
+
+    /// Exit 0 once nothing is left for this process: no pending key of its
+    /// pipelines, and no running key whose holder is dead or whose lease has
+    /// expired (a key held by a live worker elsewhere is that worker's).
+    #[arg(long)]
+    pub drain: bool,
+
+    /// How long the first SIGTERM/SIGINT waits for the batches in flight
+    /// before aborting as a second signal does (exit 130/143).
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: std::time::Duration,
+
+    /// How often an idle worker looks at the queue. On PostgreSQL a queued
+    /// key also wakes idle workers at once (LISTEN/NOTIFY).
+    #[arg(long, default_value = "1s", value_parser = parse_poll_interval)]
+    pub poll_interval: std::time::Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// Pipeline name (pipelines/NAME.toml) or path to a .toml file.
+    pub pipeline: String,
+
+    /// First period (included); default: every queued period.
+    #[arg(long, requires = "to")]
+    pub from: Option<String>,
+
+    /// Last period (included).
+    #[arg(long, requires = "from")]
+    pub to: Option<String>,
+
+    /// Only this source.
+    #[arg(long)]
+    pub source: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -221,4 +287,39 @@ fn parse_age(text: &str) -> Result<std::time::Duration, String> {
             (now - year_one).num_days()
         )),
     }
+}
+
+/// `--lease-ttl`: long enough for a heartbeat to get through (1 s), short
+/// enough that a dead worker's key does not wait for a day.
+fn parse_lease_ttl(text: &str) -> Result<std::time::Duration, String> {
+    bounded(
+        text,
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(86_400),
+    )
+}
+
+/// `--poll-interval`: from 10 ms to an hour.
+fn parse_poll_interval(text: &str) -> Result<std::time::Duration, String> {
+    bounded(
+        text,
+        std::time::Duration::from_millis(10),
+        std::time::Duration::from_secs(3600),
+    )
+}
+
+fn bounded(
+    text: &str,
+    min: std::time::Duration,
+    max: std::time::Duration,
+) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d < min || d > max {
+        return Err(format!(
+            "{text} cannot work: give from {} to {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
 }

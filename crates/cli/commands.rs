@@ -5,23 +5,35 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
-use tidemark_load::{RunStatus, Store, WorkerId};
+use tidemark_load::{Enqueue, EnqueuedBy, QueueKey, RunStatus, Store, WorkerId};
 
 use crate::cli::{
-    BackfillArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, StatusArgs, SyncArgs,
-    ValidateArgs,
+    BackfillArgs, CancelArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, StatusArgs,
+    SyncArgs, ValidateArgs,
 };
-use crate::engine::{Job, Outcome, RunFlags};
+use crate::engine::{Context, Job, Outcome, RunFlags};
 use crate::exit::Exit;
 use crate::output;
+use crate::shutdown;
 
-/// Runs the command; `Ok(exit)` once something ran.
+/// Runs the command; `Ok(exit)` once something ran. Commands that run
+/// periods stop gracefully on a first SIGTERM/SIGINT.
 pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
+    let global = &cli.global;
+    let ctx = |timeout| Context {
+        shutdown: shutdown::on_signals(timeout),
+        lease_ttl: global.lease_ttl,
+    };
     match cli.command {
-        Command::Run(args) => run(&cli.global, args).await,
-        Command::Backfill(args) => backfill(&cli.global, args).await,
-        Command::Sync(args) => sync(&cli.global, args).await,
-        Command::Serve(args) => crate::serve::serve(&cli.global, args).await,
+        Command::Run(args) => run(global, args, &ctx(shutdown::DEFAULT_TIMEOUT)).await,
+        Command::Backfill(args) if args.enqueue => enqueue(global, args).await,
+        Command::Backfill(args) => backfill(global, args, &ctx(shutdown::DEFAULT_TIMEOUT)).await,
+        Command::Sync(args) => sync(global, args, &ctx(shutdown::DEFAULT_TIMEOUT)).await,
+        Command::Serve(args) => {
+            let ctx = ctx(args.shutdown_timeout);
+            crate::serve::serve(global, args, ctx).await
+        }
+        Command::Cancel(args) => cancel(global, args).await,
         Command::Status(args) => status(&cli.global, args).await,
         Command::Validate(args) => validate(&cli.global, &args).await,
         Command::Prune(args) => prune(&cli.global, args).await,
@@ -92,12 +104,17 @@ fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Er
     }
 }
 
-fn worker() -> WorkerId {
-    WorkerId {
-        host: gethostname::gethostname().to_string_lossy().into_owned(),
-        pid: std::process::id(),
-        instance: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
-    }
+/// This process as a lease holder: host, pid and an id of this start, the
+/// same for every run of the process.
+pub fn worker() -> WorkerId {
+    static WORKER: std::sync::OnceLock<WorkerId> = std::sync::OnceLock::new();
+    WORKER
+        .get_or_init(|| WorkerId {
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            pid: std::process::id(),
+            instance: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
+        })
+        .clone()
 }
 
 fn jobs(
@@ -135,7 +152,7 @@ fn jobs(
     Ok(jobs)
 }
 
-async fn run(global: &Global, args: RunArgs) -> Result<Exit, Error> {
+async fn run(global: &Global, args: RunArgs, ctx: &Context) -> Result<Exit, Error> {
     let pipeline = Arc::new(load_runnable(global, &args.pipeline)?);
     let period = pipeline.period(&args.period)?;
     source_ids(&pipeline, args.options.source.as_deref())?;
@@ -143,7 +160,7 @@ async fn run(global: &Global, args: RunArgs) -> Result<Exit, Error> {
     let mut exits = Vec::new();
     for job in jobs(&store, &pipeline, &[period], &args.options, args.wait)? {
         let key = job.key.clone();
-        let outcome = job.run().await;
+        let outcome = job.run(ctx).await;
         output::print_outcome(&key, &outcome);
         exits.push(Exit::of_outcome(&outcome));
     }
@@ -157,6 +174,7 @@ pub async fn run_jobs(
     jobs: Vec<Job>,
     concurrency: usize,
     progress: bool,
+    ctx: &Context,
 ) -> Vec<(RunKey, Outcome)> {
     use futures_util::StreamExt;
 
@@ -178,7 +196,7 @@ pub async fn run_jobs(
                 let reason = stopped.lock().ok().and_then(|s| s.clone());
                 let outcome = match reason {
                     Some(reason) => Outcome::NotRun { reason },
-                    None => job.run().await,
+                    None => job.run(ctx).await,
                 };
                 if let Outcome::Failed(error @ Error::Storage { .. }) = &outcome {
                     if let Ok(mut stop) = stopped.lock() {
@@ -205,8 +223,8 @@ pub async fn run_jobs(
     results
 }
 
-async fn backfill(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
-    let pipeline = Arc::new(load_runnable(global, &args.pipeline)?);
+/// The periods `--from` to `--to` name, both included.
+fn backfill_periods(pipeline: &Pipeline, args: &BackfillArgs) -> Result<Vec<Period>, Error> {
     let from = pipeline.period_arg("--from", &args.from)?;
     let to = pipeline.period_arg("--to", &args.to)?;
     if to.start() < from.start() {
@@ -216,11 +234,16 @@ async fn backfill(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
             format!("{} is before --from {}", to.label(), from.label()),
         ));
     }
-    let periods: Vec<Period> = Period::range_inclusive(from, to).collect();
+    Ok(Period::range_inclusive(from, to).collect())
+}
+
+async fn backfill(global: &Global, args: BackfillArgs, ctx: &Context) -> Result<Exit, Error> {
+    let pipeline = Arc::new(load_runnable(global, &args.pipeline)?);
+    let periods = backfill_periods(&pipeline, &args)?;
     source_ids(&pipeline, args.options.source.as_deref())?;
     let store = Store::connect(&global.database_url).await?;
     let jobs = jobs(&store, &pipeline, &periods, &args.options, false)?;
-    let results = run_jobs(jobs, usize::from(args.concurrency), true).await;
+    let results = run_jobs(jobs, usize::from(args.concurrency), true, ctx).await;
     store.close().await;
     output::print_summary(&results);
     Ok(Exit::worst(
@@ -228,9 +251,8 @@ async fn backfill(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
     ))
 }
 
-/// Every pipeline file in the pipelines folder, loaded and checked.
-pub fn all_pipelines(global: &Global) -> Result<Vec<Pipeline>, Error> {
-    let dir = &global.pipelines;
+/// The pipeline files (`*.toml`) of a folder, sorted.
+pub fn pipeline_files(dir: &std::path::Path) -> Result<Vec<PathBuf>, Error> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
         Error::config(
             dir.display().to_string(),
@@ -243,49 +265,44 @@ pub fn all_pipelines(global: &Global) -> Result<Vec<Pipeline>, Error> {
         .filter(|p| p.extension().is_some_and(|x| x == "toml"))
         .collect();
     paths.sort();
-    paths
+    Ok(paths)
+}
+
+/// Every pipeline file in the pipelines folder, loaded and checked.
+pub fn all_pipelines(global: &Global) -> Result<Vec<Pipeline>, Error> {
+    pipeline_files(&global.pipelines)?
         .iter()
         .map(|p| load_runnable(global, &p.display().to_string()))
         .collect()
 }
 
-/// The jobs `sync` runs for one pipeline at `now`: due periods not done
-/// yet, plus the last `lookback` done ones again (forced).
+/// The jobs `sync` runs for one pipeline at `now`: due periods never run,
+/// failed ones past their backoff, and the last `lookback` done ones again
+/// (forced). See [`crate::due`].
 pub async fn sync_jobs(
     store: &Store,
     pipeline: &Arc<Pipeline>,
     options: &RunOptions,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<Vec<Job>, Error> {
-    let due = pipeline.due_periods(now)?;
     let entries = crate::engine::retry(&pipeline.retry, "read the ledger", || {
         store.status(&pipeline.spec.name, None)
     })
     .await?;
-    let done: std::collections::HashSet<(String, String)> = entries
-        .into_iter()
-        .filter(|e| e.status == RunStatus::Done && e.export_type == pipeline.spec.export_type)
-        .map(|e| (e.source, e.period_start))
-        .collect();
-    let lookback = usize::try_from(pipeline.spec.period.lookback).unwrap_or(usize::MAX);
     let worker = worker();
     let mut jobs = Vec::new();
     for source in source_ids(pipeline, options.source.as_deref())? {
-        let done_periods: Vec<&Period> = due
-            .iter()
-            .filter(|p| done.contains(&(source.clone(), p.start_rfc3339())))
-            .collect();
-        let again: Vec<Period> = done_periods
-            .iter()
-            .rev()
-            .take(lookback)
-            .map(|p| **p)
-            .collect();
-        for period in &due {
-            let is_done = done.contains(&(source.clone(), period.start_rfc3339()));
-            if is_done && !again.contains(period) && !options.force {
-                continue;
-            }
+        // `sync --force`: every due period again, done or not.
+        let runs = if options.force {
+            pipeline
+                .due_periods(now)?
+                .into_iter()
+                .map(|p| (p, true))
+                .collect()
+        } else {
+            crate::due::due(pipeline, &source, &entries, now)?.runs()
+        };
+        for (period, forced) in runs {
             jobs.push(Job {
                 store: store.clone(),
                 pipeline: Arc::clone(pipeline),
@@ -294,11 +311,11 @@ pub async fn sync_jobs(
                     &pipeline.spec.name,
                     &source,
                     &pipeline.spec.export_type,
-                    *period,
+                    period,
                 ),
                 worker: worker.clone(),
                 flags: RunFlags {
-                    force: is_done,
+                    force: forced,
                     force_deletes: options.force_deletes,
                     wait: false,
                 },
@@ -308,7 +325,7 @@ pub async fn sync_jobs(
     Ok(jobs)
 }
 
-async fn sync(global: &Global, args: SyncArgs) -> Result<Exit, Error> {
+async fn sync(global: &Global, args: SyncArgs, ctx: &Context) -> Result<Exit, Error> {
     let pipelines = if args.all {
         all_pipelines(global)?
     } else {
@@ -327,8 +344,8 @@ async fn sync(global: &Global, args: SyncArgs) -> Result<Exit, Error> {
         }
         source_ids(pipeline, args.options.source.as_deref())?;
     }
+    let now = crate::clock::now()?;
     let store = Store::connect(&global.database_url).await?;
-    let now = chrono::Utc::now();
     let mut jobs = Vec::new();
     for pipeline in pipelines {
         jobs.extend(sync_jobs(&store, &Arc::new(pipeline), &args.options, now).await?);
@@ -338,12 +355,87 @@ async fn sync(global: &Global, args: SyncArgs) -> Result<Exit, Error> {
         store.close().await;
         return Ok(Exit::Success);
     }
-    let results = run_jobs(jobs, usize::from(args.concurrency), true).await;
+    let results = run_jobs(jobs, usize::from(args.concurrency), true, ctx).await;
     store.close().await;
     output::print_summary(&results);
     Ok(Exit::worst(
         results.iter().map(|(_, o)| Exit::of_outcome(o)),
     ))
+}
+
+/// `backfill --enqueue`: the range goes into the work queue in one
+/// statement per chunk of keys, and the command returns at once.
+async fn enqueue(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
+    // Whoever works the queue needs the source's secrets; queuing does not.
+    let pipeline = load_pipeline(global, &args.pipeline)?;
+    let periods = backfill_periods(&pipeline, &args)?;
+    let sources = source_ids(&pipeline, args.options.source.as_deref())?;
+    let keys: Vec<QueueKey> = periods
+        .iter()
+        .flat_map(|period| {
+            sources.iter().map(|source| QueueKey {
+                source: source.clone(),
+                period_start: period.start_rfc3339(),
+                period_end: period.end_rfc3339(),
+            })
+        })
+        .collect();
+    let requeue: &[RunStatus] = if args.options.force {
+        &[RunStatus::Failed, RunStatus::Cancelled, RunStatus::Done]
+    } else {
+        &[RunStatus::Failed, RunStatus::Cancelled]
+    };
+    let store = Store::connect(&global.database_url).await?;
+    let queued = store
+        .enqueue(&Enqueue {
+            pipeline: &pipeline.spec.name,
+            export_type: &pipeline.spec.export_type,
+            keys: &keys,
+            priority: args.priority,
+            by: EnqueuedBy::Backfill,
+            requeue,
+            due_at: None,
+        })
+        .await?;
+    store.close().await;
+    let left = (keys.len() as u64).saturating_sub(queued);
+    say!(
+        "queued {queued} run key(s) of pipeline {} at priority {}; {left} left as they were (already queued, running{})",
+        pipeline.spec.name,
+        args.priority,
+        if args.options.force { "" } else { " or done" },
+    );
+    Ok(Exit::Success)
+}
+
+/// `cancel`: pending keys leave the queue; running ones finish.
+async fn cancel(global: &Global, args: CancelArgs) -> Result<Exit, Error> {
+    let pipeline = load_pipeline(global, &args.pipeline)?;
+    let range = match (&args.from, &args.to) {
+        (Some(from), Some(to)) => Some((
+            pipeline.period_arg("--from", from)?.start_rfc3339(),
+            pipeline.period_arg("--to", to)?.start_rfc3339(),
+        )),
+        _ => None,
+    };
+    if let Some(source) = &args.source {
+        source_ids(&pipeline, Some(source))?;
+    }
+    let store = Store::connect(&global.database_url).await?;
+    let cancelled = store
+        .cancel(
+            &pipeline.spec.name,
+            args.source.as_deref(),
+            range.as_ref().map(|(from, _)| from.as_str()),
+            range.as_ref().map(|(_, to)| to.as_str()),
+        )
+        .await?;
+    store.close().await;
+    say!(
+        "cancelled {cancelled} pending run key(s) of pipeline {}",
+        pipeline.spec.name
+    );
+    Ok(Exit::Success)
 }
 
 async fn status(global: &Global, args: StatusArgs) -> Result<Exit, Error> {

@@ -15,10 +15,16 @@ use tidemark_load::{
 use tidemark_transform::Transformer;
 
 use crate::prepare::{self, Prepared};
+use crate::shutdown::Shutdown;
 use tracing::Instrument;
 
-/// How long a lease lasts without a heartbeat.
-pub const LEASE_TTL: Duration = Duration::from_secs(30);
+/// What every run of one process shares: its stop request and its lease
+/// length.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub shutdown: Shutdown,
+    pub lease_ttl: Duration,
+}
 
 /// How often `--wait` asks the ledger again.
 const WAIT_POLL: Duration = Duration::from_millis(500);
@@ -37,6 +43,17 @@ pub enum Outcome {
     /// Not started: the command stopped claiming work (the database cannot
     /// store anything more).
     NotRun { reason: String },
+    /// Stopped by a signal: the batch in flight was committed and the key
+    /// handed back to the queue (`pending`) for any worker to resume.
+    Interrupted,
+    /// Not started, because a signal asked the command to stop.
+    Stopped,
+}
+
+/// How an attempt that did not fail ended.
+enum Ended {
+    Done(serde_json::Value),
+    Interrupted,
 }
 
 /// Flags of one invocation.
@@ -61,13 +78,23 @@ pub struct Job {
 impl Job {
     /// Claims and runs the run key; every failure ends up in the outcome
     /// (and, once claimed, in the ledger).
-    pub async fn run(self) -> Outcome {
-        let run = match self.claim().await {
-            Ok(Claim::Claimed(run)) => *run,
-            Ok(Claim::Done(result)) => return Outcome::AlreadyDone(result),
-            Ok(Claim::Held { owner, .. }) => return Outcome::Held { owner },
+    pub async fn run(self, ctx: &Context) -> Outcome {
+        if ctx.shutdown.requested() {
+            return Outcome::Stopped;
+        }
+        let run = match self.claim(ctx).await {
+            Ok(Some(Claim::Claimed(run))) => *run,
+            Ok(Some(Claim::Done(result))) => return Outcome::AlreadyDone(result),
+            Ok(Some(Claim::Held { owner, .. })) => return Outcome::Held { owner },
+            Ok(None) => return Outcome::Stopped,
             Err(e) => return Outcome::Failed(e),
         };
+        self.run_claimed(run, ctx).await
+    }
+
+    /// Runs an attempt already claimed (by the work queue, or by [`Job::run`])
+    /// inside a span naming its run key, run id and attempt.
+    pub async fn run_claimed(&self, run: ClaimedRun, ctx: &Context) -> Outcome {
         let span = tracing::info_span!(
             "run",
             pipeline = %self.key.pipeline,
@@ -77,15 +104,17 @@ impl Job {
             run_id = %run.lease.run_id,
             attempt = run.lease.attempt,
         );
-        self.run_claimed(run).instrument(span).await
+        self.attempt(run, ctx).instrument(span).await
     }
 
-    async fn claim(&self) -> Result<Claim, Error> {
+    /// The claim, waiting for a held key with `--wait`; `None` when a stop
+    /// was asked for while waiting.
+    async fn claim(&self, ctx: &Context) -> Result<Option<Claim>, Error> {
         let request = ClaimRequest {
             force: self.flags.force,
             handler_version: self.pipeline.spec.version.clone(),
             worker: self.worker.clone(),
-            lease_ttl: LEASE_TTL,
+            lease_ttl: ctx.lease_ttl,
         };
         let mut waited = false;
         loop {
@@ -99,38 +128,73 @@ impl Job {
                         tracing::info!(%owner, key = %self.key, "run key is held by another run; waiting");
                         waited = true;
                     }
-                    tokio::time::sleep(WAIT_POLL).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(WAIT_POLL) => {}
+                        () = ctx.shutdown.wait() => return Ok(None),
+                    }
                 }
                 // Having waited for another run, its result is what we report.
-                Claim::Claimed(_) | Claim::Done(_) | Claim::Held { .. } => return Ok(claim),
+                Claim::Claimed(_) | Claim::Done(_) | Claim::Held { .. } => return Ok(Some(claim)),
             }
         }
     }
 
-    async fn run_claimed(&self, run: ClaimedRun) -> Outcome {
+    async fn attempt(&self, run: ClaimedRun, ctx: &Context) -> Outcome {
         let lease = run.lease.clone();
         tracing::info!(resumed = run.resume.is_some(), "run started");
-        let heartbeat = spawn_heartbeat(self.store.clone(), lease.clone());
+        let heartbeat = spawn_heartbeat(self.store.clone(), lease.clone(), ctx.lease_ttl);
         let started = std::time::Instant::now();
         let mut counts = run.counts;
-        let result = self.execute(run, &mut counts).await;
+        let result = self.execute(run, &mut counts, &ctx.shutdown).await;
         heartbeat.abort();
         match result {
-            Ok(result) => {
+            Ok(Ended::Done(result)) => {
                 tracing::info!(elapsed_ms = started.elapsed().as_millis(), result = %result, "run done");
                 Outcome::Done(result)
             }
+            Ok(Ended::Interrupted) => self.hand_back(&lease, &counts).await,
             Err(error) => {
                 tracing::error!(class = %error.class(), error = %error, "run failed");
                 if !matches!(error, Error::LeaseLost(_)) {
-                    let recorded = retry(&self.pipeline.retry, "record failure", || {
-                        self.store.mark_failed(&lease, &counts, &error)
-                    })
-                    .await;
-                    if let Err(e) = recorded {
-                        tracing::error!(error = %e, "could not record the failure in the ledger");
-                    }
+                    self.record_failure(&lease, &counts, &error).await;
                 }
+                Outcome::Failed(error)
+            }
+        }
+    }
+
+    /// Records a failed attempt; the key's backoff counts from the clock
+    /// that decides what is due.
+    async fn record_failure(&self, lease: &Lease, counts: &Counts, error: &Error) {
+        let now = crate::clock::now().unwrap_or_else(|_| chrono::Utc::now());
+        let recorded = retry(&self.pipeline.retry, "record failure", || {
+            self.store.mark_failed(lease, counts, error, now)
+        })
+        .await;
+        if let Err(e) = recorded {
+            tracing::error!(error = %e, "could not record the failure in the ledger");
+        }
+    }
+
+    /// Ends an attempt stopped by a signal after its last committed batch:
+    /// the key goes back to the queue with its checkpoint.
+    async fn hand_back(&self, lease: &Lease, counts: &Counts) -> Outcome {
+        let why =
+            "interrupted by a signal after its last committed batch; the next claim resumes it";
+        match retry(&self.pipeline.retry, "hand the key back", || {
+            self.store.interrupt(lease, counts, why)
+        })
+        .await
+        {
+            Ok(()) => {
+                tracing::info!(
+                    rows_read = counts.rows_read,
+                    "run interrupted; key handed back to the queue"
+                );
+                Outcome::Interrupted
+            }
+            Err(error) => {
+                tracing::error!(error = %error, "could not hand the key back; its lease runs out instead");
                 Outcome::Failed(error)
             }
         }
@@ -140,7 +204,8 @@ impl Job {
         &self,
         mut run: ClaimedRun,
         counts: &mut Counts,
-    ) -> Result<serde_json::Value, Error> {
+        shutdown: &Shutdown,
+    ) -> Result<Ended, Error> {
         let pipeline = &*self.pipeline;
         let schema = TableSchema::from_pipeline(pipeline);
         retry(&pipeline.retry, "prepare table", || {
@@ -159,7 +224,16 @@ impl Job {
         let mut writer = self.open_writer(&schema, &run).await?;
         let mut backoff = Backoff::new(&pipeline.retry);
         let mut received = false;
-        while let Some(next) = batches.recv().await {
+        loop {
+            // A stop asked for: the batches committed so far stay, and the
+            // key goes back to the queue with their checkpoint. (A batch
+            // being read is waited for; the shutdown timeout bounds that.)
+            if shutdown.requested() {
+                return Ok(Ended::Interrupted);
+            }
+            let Some(next) = batches.recv().await else {
+                break;
+            };
             let batch = match next {
                 Ok(batch) => batch,
                 // The stored checkpoint no longer fits the source (files changed):
@@ -215,7 +289,9 @@ impl Job {
             max_delete_fraction: pipeline.spec.load.max_delete_fraction,
             force_deletes: self.flags.force_deletes,
         };
-        finish(&mut writer, &reconcile, &mut backoff).await
+        finish(&mut writer, &reconcile, &mut backoff)
+            .await
+            .map(Ended::Done)
     }
 
     /// Starts the run's writer (it reads the run key's stored rows), with
@@ -337,12 +413,12 @@ fn key_text(row: &Row, key: &[usize]) -> String {
 }
 
 /// Renews the lease every third of its length until aborted.
-fn spawn_heartbeat(store: Store, lease: Lease) -> tokio::task::JoinHandle<()> {
+fn spawn_heartbeat(store: Store, lease: Lease, ttl: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(
         async move {
             loop {
-                tokio::time::sleep(LEASE_TTL / 3).await;
-                match store.heartbeat(&lease, LEASE_TTL).await {
+                tokio::time::sleep(ttl / 3).await;
+                match store.heartbeat(&lease, ttl).await {
                     Ok(true) => {}
                     Ok(false) => {
                         tracing::warn!("lease lost: another attempt took over this run key");

@@ -40,7 +40,10 @@ impl Exit {
     /// records it) and never 0.
     pub fn of_outcome(outcome: &Outcome) -> Exit {
         match outcome {
-            Outcome::Done(_) | Outcome::AlreadyDone(_) => Exit::Success,
+            Outcome::Done(_)
+            | Outcome::AlreadyDone(_)
+            | Outcome::Interrupted
+            | Outcome::Stopped => Exit::Success,
             Outcome::Held { .. } | Outcome::Failed(Error::LeaseLost(_)) => Exit::Held,
             Outcome::Failed(_) | Outcome::NotRun { .. } => Exit::Failed,
         }

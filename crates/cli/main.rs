@@ -29,12 +29,15 @@ macro_rules! tell {
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 mod cli;
+mod clock;
 mod commands;
+mod due;
 mod engine;
 mod exit;
 mod output;
 mod prepare;
 mod serve;
+mod shutdown;
 
 use std::process::ExitCode;
 

@@ -38,6 +38,10 @@ pub fn print_outcome(key: &RunKey, outcome: &Outcome) {
         }
         Outcome::Failed(error) => tell!("error: {key}: {} error: {error}", error.class()),
         Outcome::NotRun { reason } => tell!("not run: {key}: {reason}"),
+        Outcome::Interrupted => tell!(
+            "interrupted: {key}: the batches committed so far stay; the key is back in the queue and the next run resumes it"
+        ),
+        Outcome::Stopped => tell!("not started: {key}: stopping on a signal"),
     }
 }
 
@@ -62,7 +66,7 @@ pub fn print_summary(results: &[(RunKey, Outcome)]) {
         "DELETED",
         "REJECTED"
     );
-    let mut tally = [0usize; 5];
+    let mut tally = [0usize; 7];
     for (key, outcome) in results {
         let (status, result, slot) = match outcome {
             Outcome::Done(r) => ("done", Some(r), 0),
@@ -70,6 +74,8 @@ pub fn print_summary(results: &[(RunKey, Outcome)]) {
             Outcome::Held { .. } => ("held", None, 2),
             Outcome::Failed(_) => ("failed", None, 3),
             Outcome::NotRun { .. } => ("not run", None, 4),
+            Outcome::Interrupted => ("interrupted", None, 5),
+            Outcome::Stopped => ("stopped", None, 6),
         };
         tally[slot] += 1;
         let counts = [
@@ -100,11 +106,16 @@ pub fn print_summary(results: &[(RunKey, Outcome)]) {
             tell!("held: {key} is being run by {owner}");
         }
     }
-    let not_run = if tally[4] > 0 {
-        format!(", {} not run", tally[4])
-    } else {
-        String::new()
-    };
+    let mut not_run = String::new();
+    for (n, what) in [
+        (tally[4], "not run"),
+        (tally[5], "interrupted"),
+        (tally[6], "not started (stopping)"),
+    ] {
+        if n > 0 {
+            not_run.push_str(&format!(", {n} {what}"));
+        }
+    }
     say!(
         "{} run key(s): {} done, {} already done (skipped), {} held elsewhere, {} failed{not_run}",
         results.len(),

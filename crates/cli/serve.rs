@@ -1,142 +1,539 @@
-//! `tidemark serve`: a long-running scheduler. Each pipeline with a
-//! `[schedule]` gets a `sync` when its schedule fires. Several `serve`
-//! processes (on any hosts) may share one PostgreSQL: each claims run keys
-//! through the ledger, so a period held by another process is skipped (and
-//! taken over once that process's lease expires), never run twice at once.
+//! `tidemark serve`: the long-running service. The ledger is the work
+//! queue, shared by any number of `serve` processes on any hosts through
+//! one database; there is no broker.
+//!
+//! - The **scheduler** (unless `--no-schedule`) queues, at each fire of a
+//!   pipeline's `[schedule]`, what is due (the same decision as `sync`,
+//!   [`crate::due`]). Queuing is idempotent, so N schedulers firing together
+//!   queue each key once.
+//! - **Workers** (`--workers N` slots for the whole process) claim queued
+//!   keys, highest rank first (priority as a head start, so waiting ages a
+//!   key), and run each exactly as `run` would. On PostgreSQL a claim skips
+//!   keys other claims hold and idle workers wake on LISTEN/NOTIFY; a key
+//!   whose holder died is claimed again at once (same host, process gone) or
+//!   once its lease has run out.
+//! - **Signals**: the first SIGTERM/SIGINT stops claiming and hands the
+//!   keys in flight back after their current batch; SIGHUP re-reads the
+//!   pipeline files (a broken one is logged and its old definition kept).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-use chrono::Utc;
-use tidemark_core::{Error, Pipeline};
-use tidemark_load::Store;
+use chrono::{DateTime, Utc};
+use tidemark_core::{Error, Period, Pipeline, RunKey};
+use tidemark_load::{
+    ClaimRequest, Enqueue, EnqueuedBy, QueueKey, QueuePipeline, QueuedRun, RunStatus, Store,
+    WorkerId,
+};
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-use crate::cli::{Global, RunOptions, ServeArgs};
-use crate::commands::{all_pipelines, run_jobs, sync_jobs};
-use crate::engine::Outcome;
+use crate::cli::{Global, ServeArgs};
+use crate::commands::{load_runnable, pipeline_files, worker};
+use crate::engine::{retry, Context, Job, Outcome, RunFlags};
 use crate::exit::Exit;
 
-pub async fn serve(global: &Global, args: ServeArgs) -> Result<Exit, Error> {
-    let pipelines: Vec<Arc<Pipeline>> = all_pipelines(global)?
-        .into_iter()
-        .filter(|p| {
-            let scheduled = p.schedule.is_some() && p.first_period.is_some();
-            if !scheduled {
-                tracing::info!(pipeline = %p.spec.name, "no [schedule] or period.start: not scheduled");
-            }
-            scheduled
-        })
-        .map(Arc::new)
-        .collect();
-    if pipelines.is_empty() {
+/// The priority of scheduled keys: a day of head start over backfills
+/// queued at the same time (each point is a minute).
+pub const SCHEDULE_PRIORITY: i64 = 1440;
+
+/// The longest the scheduler sleeps before looking at the clock again.
+const SCHEDULER_TICK: Duration = Duration::from_secs(60);
+
+pub async fn serve(global: &Global, args: ServeArgs, ctx: Context) -> Result<Exit, Error> {
+    let pipelines = Pipelines::load(global)?;
+    if pipelines.by_name.is_empty() {
         return Err(Error::config(
             global.pipelines.display().to_string(),
-            "schedule",
-            "no pipeline in this folder has both [schedule] and period.start",
+            "--pipelines",
+            "no pipeline files (NAME.toml) in this folder",
         ));
     }
     let store = Store::connect(&global.database_url).await?;
-    tracing::info!(pipelines = pipelines.len(), "scheduler started");
-    let mut next: HashMap<String, chrono::DateTime<Utc>> = pipelines
-        .iter()
-        .map(|p| (p.spec.name.clone(), Utc::now()))
-        .collect();
-    let mut running: JoinSet<String> = JoinSet::new();
-    let mut busy: Vec<String> = Vec::new();
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
-    loop {
-        let now = Utc::now();
-        for pipeline in &pipelines {
-            let name = &pipeline.spec.name;
-            if busy.contains(name) || next.get(name).is_some_and(|at| *at > now) {
-                continue;
-            }
-            let following = pipeline
-                .schedule
-                .as_ref()
-                .and_then(|s| s.next_after(now))
-                .unwrap_or(now);
-            next.insert(name.clone(), following);
-            busy.push(name.clone());
-            running.spawn(sync_once(
-                store.clone(),
-                Arc::clone(pipeline),
-                usize::from(args.concurrency),
-            ));
-        }
-        let wake = next.values().min().copied().unwrap_or(now);
-        let sleep = (wake - Utc::now())
-            .to_std()
-            .unwrap_or_default()
-            .min(std::time::Duration::from_secs(60));
-        tokio::select! {
-            _ = &mut shutdown => break,
-            Some(done) = running.join_next(), if !running.is_empty() => {
-                if let Ok(name) = done {
-                    busy.retain(|n| n != &name);
-                }
-            }
-            _ = tokio::time::sleep(sleep) => {}
-        }
-    }
+    let shared = Arc::new(Shared {
+        pipelines: RwLock::new(Arc::new(pipelines)),
+        store,
+        worker: worker(),
+        ctx,
+        poll: args.poll_interval,
+        drain: args.drain,
+        wake: Notify::new(),
+        reloaded: Notify::new(),
+        lease_lost: AtomicBool::new(false),
+        global: global.clone(),
+    });
+    let mut background = JoinSet::new();
+    // Listening before anything is logged, so a SIGHUP sent once `serving`
+    // shows is never missed (nor takes the default action: exit).
+    background.spawn(reload_on_sighup(Arc::clone(&shared), hangups()));
     tracing::info!(
-        running = running.len(),
-        "shutting down: waiting for running periods to finish"
+        workers = args.workers,
+        schedule = !args.no_schedule,
+        drain = args.drain,
+        pipelines = shared.pipelines().by_name.len(),
+        "serving"
     );
-    while running.join_next().await.is_some() {}
-    store.close().await;
-    Ok(Exit::Success)
+    background.spawn(listen_for_work(Arc::clone(&shared)));
+    if !args.no_schedule {
+        // The first fire of every schedule comes before any worker looks at
+        // the queue, so `--drain` never finds it empty before it is filled.
+        let next = fire_due(&shared, &HashMap::new()).await;
+        background.spawn(schedule(Arc::clone(&shared), next));
+    }
+    let mut workers = JoinSet::new();
+    for slot in 0..args.workers {
+        workers.spawn(work(Arc::clone(&shared), slot));
+    }
+    while workers.join_next().await.is_some() {}
+    background.abort_all();
+    shared.store.close().await;
+    tracing::info!("stopped");
+    Ok(if shared.lease_lost.load(Ordering::SeqCst) {
+        Exit::Held
+    } else {
+        Exit::Success
+    })
 }
 
-/// One scheduled `sync` of one pipeline; outcomes are logged, not fatal.
-async fn sync_once(store: Store, pipeline: Arc<Pipeline>, concurrency: usize) -> String {
-    let name = pipeline.spec.name.clone();
-    let options = RunOptions {
-        source: None,
-        force: false,
-        force_deletes: false,
-    };
-    match sync_jobs(&store, &pipeline, &options, Utc::now()).await {
-        Ok(jobs) if jobs.is_empty() => tracing::debug!(pipeline = %name, "nothing due"),
-        Ok(jobs) => {
-            for (key, outcome) in run_jobs(jobs, concurrency, false).await {
-                match outcome {
-                    Outcome::Done(_) => tracing::info!(%key, "period done"),
-                    Outcome::AlreadyDone(_) => tracing::debug!(%key, "already done"),
-                    Outcome::Held { owner } => {
-                        tracing::info!(%key, %owner, "held by another worker; skipped")
-                    }
-                    Outcome::NotRun { reason } => tracing::warn!(%key, %reason, "not run"),
-                    Outcome::Failed(e) => {
-                        tracing::warn!(%key, class = %e.class(), error = %e, "period failed")
+/// What every task of the service shares.
+struct Shared {
+    pipelines: RwLock<Arc<Pipelines>>,
+    store: Store,
+    worker: WorkerId,
+    ctx: Context,
+    poll: Duration,
+    drain: bool,
+    /// Wakes idle workers: a key was queued (by this process, or by any on
+    /// PostgreSQL).
+    wake: Notify,
+    /// Wakes the scheduler: the pipeline files were re-read.
+    reloaded: Notify,
+    /// Some attempt of this process lost its lease to another (exit 75).
+    lease_lost: AtomicBool,
+    /// The command line, for re-reading the pipeline files.
+    global: Global,
+}
+
+impl Shared {
+    fn pipelines(&self) -> Arc<Pipelines> {
+        match self.pipelines.read() {
+            Ok(p) => Arc::clone(&p),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+}
+
+/// The pipelines of the `--pipelines` folder, by name, with the file each
+/// came from.
+#[derive(Default)]
+struct Pipelines {
+    by_name: HashMap<String, Arc<Pipeline>>,
+    files: HashMap<PathBuf, String>,
+}
+
+impl Pipelines {
+    /// Loads every file; any error is a configuration error (exit 2), as
+    /// for every command.
+    fn load(global: &Global) -> Result<Pipelines, Error> {
+        let mut pipelines = Pipelines::default();
+        for path in pipeline_files(&global.pipelines)? {
+            let pipeline = load_runnable(global, &path.display().to_string())?;
+            pipelines.insert(path, pipeline)?;
+        }
+        Ok(pipelines)
+    }
+
+    /// Re-reads the folder: a changed file replaces its pipeline, a new one
+    /// is added, a removed one dropped; a broken one is logged (file and
+    /// key) and its previous definition kept.
+    fn reload(&self, global: &Global) -> Pipelines {
+        let mut next = Pipelines::default();
+        let paths = match pipeline_files(&global.pipelines) {
+            Ok(paths) => paths,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot re-read the pipelines; keeping every definition");
+                return self.clone_all();
+            }
+        };
+        for path in paths {
+            let loaded = load_runnable(global, &path.display().to_string())
+                .and_then(|p| next.check_unique(&path, &p).map(|()| p));
+            match loaded {
+                Ok(pipeline) => {
+                    let _ = next.insert(path, pipeline);
+                }
+                Err(e) => {
+                    let old = self.files.get(&path).and_then(|n| self.by_name.get(n));
+                    tracing::error!(
+                        file = %path.display(),
+                        error = %e,
+                        kept = old.is_some(),
+                        "pipeline file is broken; keeping its previous definition"
+                    );
+                    if let Some(old) = old {
+                        let _ = next.insert(path, (**old).clone());
                     }
                 }
             }
         }
-        Err(e) => tracing::error!(pipeline = %name, error = %e, "sync failed"),
+        next
     }
-    name
-}
 
-/// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => return std::future::pending().await,
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    fn clone_all(&self) -> Pipelines {
+        Pipelines {
+            by_name: self.by_name.clone(),
+            files: self.files.clone(),
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    fn check_unique(&self, path: &std::path::Path, pipeline: &Pipeline) -> Result<(), Error> {
+        match self.by_name.get(&pipeline.spec.name) {
+            Some(other) => Err(Error::config(
+                path.display().to_string(),
+                "name",
+                format!(
+                    "pipeline name {:?} is also used by {}",
+                    pipeline.spec.name,
+                    other.file_name()
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn insert(&mut self, path: PathBuf, pipeline: Pipeline) -> Result<(), Error> {
+        self.check_unique(&path, &pipeline)?;
+        self.files.insert(path, pipeline.spec.name.clone());
+        self.by_name
+            .insert(pipeline.spec.name.clone(), Arc::new(pipeline));
+        Ok(())
+    }
+
+    /// What a claim may take: every pipeline, with its handler version.
+    fn queue(&self) -> Vec<QueuePipeline> {
+        let mut queue: Vec<QueuePipeline> = self
+            .by_name
+            .values()
+            .map(|p| QueuePipeline {
+                name: p.spec.name.clone(),
+                handler_version: p.spec.version.clone(),
+            })
+            .collect();
+        queue.sort_by(|a, b| a.name.cmp(&b.name));
+        queue
     }
 }
+
+// ---------------------------------------------------------------------------
+// Workers
+// ---------------------------------------------------------------------------
+
+/// One worker slot: claim, run, repeat; idle, wait for a wake-up or the
+/// poll interval. Ends on a stop request, or with `--drain` once nothing is
+/// left for this process.
+async fn work(shared: Arc<Shared>, slot: u16) {
+    let shutdown = &shared.ctx.shutdown;
+    loop {
+        if shutdown.requested() {
+            return;
+        }
+        let pipelines = shared.pipelines();
+        let queue = pipelines.queue();
+        let request = ClaimRequest {
+            force: false,
+            handler_version: String::new(),
+            worker: shared.worker.clone(),
+            lease_ttl: shared.ctx.lease_ttl,
+        };
+        match shared.store.claim_next(&queue, &request).await {
+            Ok(Some(queued)) => run_queued(&shared, &pipelines, queued).await,
+            Ok(None) => {
+                if shared.drain && !work_left(&shared, &queue).await {
+                    tracing::info!(slot, "nothing left to do: worker done (--drain)");
+                    return;
+                }
+                idle(&shared).await;
+            }
+            Err(e) => {
+                tracing::warn!(slot, error = %e, "claiming from the queue failed; trying again");
+                idle(&shared).await;
+            }
+        }
+    }
+}
+
+async fn work_left(shared: &Shared, queue: &[QueuePipeline]) -> bool {
+    let names: Vec<String> = queue.iter().map(|p| p.name.clone()).collect();
+    match shared.store.work_left(&names, &shared.worker).await {
+        Ok(left) => left,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell whether work is left; looking again");
+            true
+        }
+    }
+}
+
+/// Waits for a wake-up, a stop request, or the poll interval (with up to a
+/// tenth of jitter, so idle workers of many processes do not poll in step).
+async fn idle(shared: &Shared) {
+    let jitter = shared.poll.mul_f64(rand::random::<f64>() / 10.0);
+    tokio::select! {
+        () = shared.wake.notified() => {}
+        () = shared.ctx.shutdown.wait() => {}
+        () = tokio::time::sleep(shared.poll + jitter) => {}
+    }
+}
+
+/// Runs a claimed key as `run` would.
+async fn run_queued(shared: &Shared, pipelines: &Pipelines, queued: QueuedRun) {
+    let job = match job_of(shared, pipelines, &queued) {
+        Ok(job) => job,
+        Err(error) => {
+            // Claimed, but this process cannot run it: hand it back rather
+            // than fail a key another worker may run.
+            tracing::error!(pipeline = %queued.pipeline, period = %queued.period_start, error = %error,
+                "claimed a key this worker cannot run; handing it back");
+            let why = format!("not run by {}: {error}", shared.worker.owner());
+            let _ = shared
+                .store
+                .interrupt(&queued.run.lease, &queued.run.counts, &why)
+                .await;
+            return;
+        }
+    };
+    let key = job.key.clone();
+    match job.run_claimed(queued.run, &shared.ctx).await {
+        Outcome::Done(_) => tracing::info!(%key, "period done"),
+        Outcome::Interrupted => tracing::info!(%key, "interrupted; handed back to the queue"),
+        Outcome::Failed(Error::LeaseLost(why)) => {
+            shared.lease_lost.store(true, Ordering::SeqCst);
+            tracing::error!(%key, %why, "lease lost: another worker took the key over; this attempt committed nothing more");
+        }
+        Outcome::Failed(e) => {
+            tracing::warn!(%key, class = %e.class(), error = %e, "period failed")
+        }
+        other => tracing::debug!(%key, outcome = ?other, "not run"),
+    }
+}
+
+/// The job of a claimed key: its pipeline as loaded now, and its period
+/// rebuilt from the stored start.
+fn job_of(shared: &Shared, pipelines: &Pipelines, queued: &QueuedRun) -> Result<Job, Error> {
+    let pipeline = pipelines.by_name.get(&queued.pipeline).ok_or_else(|| {
+        Error::config(
+            shared.global.pipelines.display().to_string(),
+            "--pipelines",
+            format!("no pipeline named {:?} is loaded", queued.pipeline),
+        )
+    })?;
+    let key = queued_key(pipeline, queued)?;
+    Ok(Job {
+        store: shared.store.clone(),
+        pipeline: Arc::clone(pipeline),
+        source_id: queued.source.clone(),
+        key,
+        worker: shared.worker.clone(),
+        flags: RunFlags::default(),
+    })
+}
+
+fn queued_key(pipeline: &Pipeline, queued: &QueuedRun) -> Result<RunKey, Error> {
+    let mismatch = |why: String| Error::config(pipeline.file_name(), "period", why);
+    if pipeline.source(&queued.source).is_none() {
+        return Err(Error::config(
+            pipeline.file_name(),
+            "sources",
+            format!("no source {:?} (the key was queued for it)", queued.source),
+        ));
+    }
+    let start = DateTime::parse_from_rfc3339(&queued.period_start)
+        .map_err(|e| {
+            mismatch(format!(
+                "queued period start {:?}: {e}",
+                queued.period_start
+            ))
+        })?
+        .with_timezone(&Utc);
+    let spec = &pipeline.spec.period;
+    let period = Period::from_start(spec.granularity, spec.timezone, start);
+    if period.start_rfc3339() != queued.period_start {
+        return Err(mismatch(format!(
+            "the queued period start {} is not the start of a {} period in {} (did the granularity or timezone change?)",
+            queued.period_start, spec.granularity, spec.timezone
+        )));
+    }
+    Ok(RunKey::new(
+        &pipeline.spec.name,
+        &queued.source,
+        &pipeline.spec.export_type,
+        period,
+    ))
+}
+
+/// Relays queue notifications of every process (PostgreSQL) to the idle
+/// workers of this one.
+async fn listen_for_work(shared: Arc<Shared>) {
+    let mut listener = match shared.store.queue_listener().await {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for queued keys; workers poll");
+            return;
+        }
+    };
+    loop {
+        listener.recv().await;
+        shared.wake.notify_waiters();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Scheduler
+// ---------------------------------------------------------------------------
+
+/// Fires each scheduled pipeline on its schedule (the first fire, at
+/// start-up, has happened) and queues what is due.
+async fn schedule(shared: Arc<Shared>, mut next: HashMap<String, DateTime<Utc>>) {
+    loop {
+        let now = crate::clock::now().unwrap_or_else(|_| Utc::now());
+        let tick = now + chrono::Duration::from_std(SCHEDULER_TICK).unwrap_or_default();
+        let wake_at = next.values().copied().min().unwrap_or(tick).min(tick);
+        let sleep = (wake_at - now).to_std().unwrap_or_default();
+        tokio::select! {
+            () = tokio::time::sleep(sleep) => {}
+            () = shared.reloaded.notified() => {}
+            () = shared.ctx.shutdown.wait() => return,
+        }
+        next = fire_due(&shared, &next).await;
+    }
+}
+
+/// Fires every scheduled pipeline whose next fire (`next`; none yet: now)
+/// has come; returns the next fires.
+async fn fire_due(
+    shared: &Shared,
+    next: &HashMap<String, DateTime<Utc>>,
+) -> HashMap<String, DateTime<Utc>> {
+    let now = match crate::clock::now() {
+        Ok(now) => now,
+        Err(e) => {
+            tracing::error!(error = %e, "no clock: not scheduling");
+            return next.clone();
+        }
+    };
+    let mut following = HashMap::new();
+    for pipeline in shared.pipelines().by_name.values() {
+        let (Some(schedule), Some(_)) = (&pipeline.schedule, pipeline.first_period) else {
+            continue;
+        };
+        let name = &pipeline.spec.name;
+        let at = match next.get(name) {
+            Some(at) if *at > now => *at,
+            _ => {
+                if let Err(e) = queue_due(shared, pipeline, now).await {
+                    tracing::warn!(pipeline = %name, error = %e, "scheduling failed; trying at the next fire");
+                }
+                schedule
+                    .next_after(now)
+                    .unwrap_or(now + chrono::Duration::from_std(SCHEDULER_TICK).unwrap_or_default())
+            }
+        };
+        following.insert(name.clone(), at);
+    }
+    following
+}
+
+/// Queues what is due for `pipeline` at `now`: never-run and failed
+/// (past their backoff) periods, and the lookback periods again.
+async fn queue_due(shared: &Shared, pipeline: &Pipeline, now: DateTime<Utc>) -> Result<(), Error> {
+    let store = &shared.store;
+    let entries = retry(&pipeline.retry, "read the ledger", || {
+        store.status(&pipeline.spec.name, None)
+    })
+    .await?;
+    let (mut fresh, mut again) = (Vec::new(), Vec::new());
+    for source in &pipeline.spec.sources {
+        let due = crate::due::due(pipeline, source.id(), &entries, now)?;
+        let key = |p: &Period| QueueKey {
+            source: source.id().to_string(),
+            period_start: p.start_rfc3339(),
+            period_end: p.end_rfc3339(),
+        };
+        fresh.extend(due.first_runs.iter().chain(&due.retries).map(key));
+        again.extend(due.again.iter().map(key));
+    }
+    let mut queued = 0;
+    for (keys, requeue) in [
+        (&fresh, &[RunStatus::Failed][..]),
+        (&again, &[RunStatus::Done][..]),
+    ] {
+        if keys.is_empty() {
+            continue;
+        }
+        let batch = Enqueue {
+            pipeline: &pipeline.spec.name,
+            export_type: &pipeline.spec.export_type,
+            keys,
+            priority: SCHEDULE_PRIORITY,
+            by: EnqueuedBy::Schedule,
+            requeue,
+            due_at: Some(now),
+        };
+        queued += retry(&pipeline.retry, "queue due keys", || store.enqueue(&batch)).await?;
+    }
+    if queued > 0 {
+        tracing::info!(pipeline = %pipeline.spec.name, queued, "queued due periods");
+        shared.wake.notify_waiters();
+    } else {
+        tracing::debug!(pipeline = %pipeline.spec.name, "nothing due");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// SIGHUP
+// ---------------------------------------------------------------------------
+
+/// The stream of SIGHUPs, registered now.
+#[cfg(unix)]
+fn hangups() -> Option<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let hangups = signal(SignalKind::hangup()).ok();
+    if hangups.is_none() {
+        tracing::warn!("cannot listen for SIGHUP; pipeline files are read once");
+    }
+    hangups
+}
+
+#[cfg(not(unix))]
+fn hangups() -> Option<()> {
+    None
+}
+
+/// Re-reads the pipeline files on every SIGHUP.
+#[cfg(unix)]
+async fn reload_on_sighup(shared: Arc<Shared>, hangups: Option<tokio::signal::unix::Signal>) {
+    {
+        let Some(mut hangup) = hangups else {
+            return;
+        };
+        while hangup.recv().await.is_some() {
+            let next = shared.pipelines().reload(&shared.global);
+            tracing::info!(
+                pipelines = next.by_name.len(),
+                "SIGHUP: pipeline files re-read"
+            );
+            match shared.pipelines.write() {
+                Ok(mut current) => *current = Arc::new(next),
+                Err(poisoned) => *poisoned.into_inner() = Arc::new(next),
+            }
+            shared.reloaded.notify_waiters();
+            shared.wake.notify_waiters();
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn reload_on_sighup(_shared: Arc<Shared>, _hangups: Option<()>) {}

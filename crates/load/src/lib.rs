@@ -27,8 +27,8 @@ use ledger::driver::Driver as _;
 use ledger::flow;
 
 pub use ledger::{
-    process_is_gone, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Lease, LedgerEntry,
-    RunStatus, UnknownState, WorkerId,
+    process_is_gone, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue, EnqueuedBy,
+    Lease, LedgerEntry, QueueKey, QueuePipeline, QueuedRun, RunStatus, UnknownState, WorkerId,
 };
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter};
@@ -116,14 +116,63 @@ impl Store {
         dispatch!(self, s => flow::heartbeat(s, lease, ttl).await)
     }
 
-    /// Records a failed attempt (fenced: a superseded attempt changes nothing).
+    /// Records a failed attempt (fenced: a superseded attempt changes
+    /// nothing); the key may be re-queued by a schedule from `now` plus its
+    /// backoff on.
     pub async fn mark_failed(
         &self,
         lease: &Lease,
         counts: &Counts,
         error: &Error,
+        now: chrono::DateTime<chrono::Utc>,
     ) -> Result<(), Error> {
-        dispatch!(self, s => flow::mark_failed(s, lease, counts, error).await)
+        dispatch!(self, s => flow::mark_failed(s, lease, counts, error, now).await)
+    }
+
+    /// Ends an attempt stopped by a signal: the key goes back to `pending`
+    /// with its checkpoint, for any worker to resume at once.
+    pub async fn interrupt(&self, lease: &Lease, counts: &Counts, why: &str) -> Result<(), Error> {
+        dispatch!(self, s => flow::interrupt(s, lease, counts, why).await)
+    }
+
+    /// Claims the next key of the work queue for a worker of `pipelines`.
+    pub async fn claim_next(
+        &self,
+        pipelines: &[QueuePipeline],
+        request: &ClaimRequest,
+    ) -> Result<Option<QueuedRun>, Error> {
+        dispatch!(self, s => flow::claim_next(s, pipelines, request).await)
+    }
+
+    /// Whether anything is left in the queue for a draining worker.
+    pub async fn work_left(&self, pipelines: &[String], me: &WorkerId) -> Result<bool, Error> {
+        dispatch!(self, s => flow::work_left(s, pipelines, me).await)
+    }
+
+    /// Puts keys into the work queue; how many were newly queued.
+    pub async fn enqueue(&self, batch: &Enqueue<'_>) -> Result<u64, Error> {
+        dispatch!(self, s => flow::enqueue(s, batch).await)
+    }
+
+    /// A listener for queued keys (see [`QueueListener`]).
+    pub async fn queue_listener(&self) -> Result<QueueListener, Error> {
+        Ok(QueueListener {
+            postgres: match &self.backend {
+                Backend::Postgres(s) => Some(s.listen().await?),
+                Backend::Sqlite(_) => None,
+            },
+        })
+    }
+
+    /// Takes pending keys out of the queue; how many.
+    pub async fn cancel(
+        &self,
+        pipeline: &str,
+        source: Option<&str>,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<u64, Error> {
+        dispatch!(self, s => flow::cancel(s, pipeline, source, from, to).await)
     }
 
     /// Forgets a resumable checkpoint so the attempt starts the period over,
@@ -224,6 +273,28 @@ where
                 tokio::time::sleep(backoff.delay(attempt, None, rand::random::<f64>())).await;
             }
             other => return other,
+        }
+    }
+}
+
+/// Wakes idle queue workers when a key is queued by any process:
+/// PostgreSQL's LISTEN/NOTIFY. On SQLite it never fires; workers poll.
+pub struct QueueListener {
+    postgres: Option<sqlx::postgres::PgListener>,
+}
+
+impl QueueListener {
+    /// Waits for the next wake-up. A lost connection is re-established by
+    /// the listener; an error is logged and waited out, never fatal.
+    pub async fn recv(&mut self) {
+        match &mut self.postgres {
+            Some(listener) => {
+                if let Err(e) = listener.recv().await {
+                    tracing::debug!(error = %e, "queue listener: reconnecting");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+            None => std::future::pending().await,
         }
     }
 }

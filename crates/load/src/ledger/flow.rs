@@ -10,12 +10,12 @@ use std::time::Duration;
 use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, KeySet, RunKey};
 
-use super::driver::{fetch_optional, Arg, Driver, LedgerTx, Record, Vanished as _};
+use super::driver::{fetch_all, fetch_optional, Arg, Driver, LedgerTx, Record, Vanished as _};
 use super::rules::{decide, Decision, Snapshot};
 use super::sql::Statements;
 use super::{
-    decode_hashes, new_run_id, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Lease,
-    LedgerEntry,
+    decode_hashes, new_run_id, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue,
+    Lease, LedgerEntry, QueuePipeline, QueuedRun, RunStatus, WorkerId,
 };
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
@@ -58,8 +58,21 @@ pub(crate) async fn claim<D: Driver>(
             message: format!("the ledger row of {key} vanished during its claim"),
             transient: true,
         })?;
+    let claim = take::<D>(&mut tx, &row, request).await?;
+    tx.commit().await?;
+    Ok(claim)
+}
+
+/// Applies the claim rules to a locked run row and, when they say so,
+/// starts a new attempt on it (inside the caller's transaction).
+async fn take<D: Driver>(
+    tx: &mut D::Tx,
+    row: &Record,
+    request: &ClaimRequest,
+) -> Result<Claim, Error> {
+    let s = sql::<D>();
     let run_ref = row.int("id")?;
-    let resume = match decide(snapshot(&row)?, request) {
+    let resume = match decide(snapshot(row)?, request) {
         Decision::Done(result) => return Ok(Claim::Done(result)),
         Decision::Held { owner, expires_at } => return Ok(Claim::Held { owner, expires_at }),
         Decision::Take {
@@ -76,10 +89,10 @@ pub(crate) async fn claim<D: Driver>(
     let attempt = row.int("attempt")? + 1;
     let (run_id, counts, batches, seen, resume) = match resume {
         Some((checkpoint, run_id)) => {
-            let seen = load_seen::<D>(&mut tx, run_ref, &run_id).await?;
+            let seen = load_seen::<D>(tx, run_ref, &run_id).await?;
             (
                 run_id,
-                counts_of(&row)?,
+                counts_of(row)?,
                 row.int("batches")?,
                 seen,
                 Some(checkpoint),
@@ -116,7 +129,6 @@ pub(crate) async fn claim<D: Driver>(
         ],
     )
     .await?;
-    tx.commit().await?;
     Ok(Claim::Claimed(Box::new(ClaimedRun {
         lease: Lease {
             run_ref,
@@ -129,6 +141,199 @@ pub(crate) async fn claim<D: Driver>(
         batches,
         seen,
     })))
+}
+
+/// One claim of the work queue by a worker that runs `pipelines`: first a
+/// running key whose holder is gone (lease expired, or provably dead on
+/// this host), then the first `pending` key by rank. `None` when nothing is
+/// claimable. On PostgreSQL rows other claims hold are skipped, never
+/// waited for.
+pub(crate) async fn claim_next<D: Driver>(
+    driver: &D,
+    pipelines: &[QueuePipeline],
+    request: &ClaimRequest,
+) -> Result<Option<QueuedRun>, Error> {
+    if pipelines.is_empty() {
+        return Ok(None);
+    }
+    let s = sql::<D>();
+    let names: Vec<Arg<'_>> = pipelines.iter().map(|p| Arg::Text(&p.name)).collect();
+    let mut takeover = vec![Arg::Text(&request.worker.host)];
+    takeover.extend(names.iter().copied());
+    let mut tx = driver.begin().await?;
+    let mut candidates =
+        fetch_all(&mut tx, &s.takeover_candidates(pipelines.len()), &takeover).await?;
+    if let Some(next) = fetch_optional(&mut tx, &s.queue_next(pipelines.len()), &names).await? {
+        candidates.push(next);
+    }
+    for row in candidates {
+        let pipeline = row.text("pipeline")?;
+        // The attempt records the handler version of the pipeline it runs.
+        let request = ClaimRequest {
+            handler_version: pipelines
+                .iter()
+                .find(|p| p.name == pipeline)
+                .map(|p| p.handler_version.clone())
+                .unwrap_or_default(),
+            ..request.clone()
+        };
+        if let Claim::Claimed(run) = take::<D>(&mut tx, &row, &request).await? {
+            let queued = QueuedRun {
+                pipeline,
+                source: row.text("source")?,
+                export_type: row.text("export_type")?,
+                period_start: row.text("period_start")?,
+                run: *run,
+            };
+            tx.commit().await?;
+            return Ok(Some(queued));
+        }
+    }
+    tx.commit().await?;
+    Ok(None)
+}
+
+/// Whether anything is left for a draining worker of `pipelines` on this
+/// host: a pending key, or a running key whose lease has expired or whose
+/// holder on this host is gone. A key held by a live worker elsewhere is
+/// that worker's.
+pub(crate) async fn work_left<D: Driver>(
+    driver: &D,
+    pipelines: &[String],
+    me: &WorkerId,
+) -> Result<bool, Error> {
+    if pipelines.is_empty() {
+        return Ok(false);
+    }
+    let s = sql::<D>();
+    let mut args = vec![Arg::Text(&me.host)];
+    args.extend(pipelines.iter().map(|p| Arg::Text(p)));
+    let mut tx = driver.begin_read().await?;
+    let rows = fetch_all(&mut tx, &s.leftovers(pipelines.len()), &args).await?;
+    tx.commit().await?;
+    for row in rows {
+        let status: RunStatus = row.state("status")?;
+        let live = row.int("lease_live")? == 1;
+        let dead = super::rules::holder_is_dead(
+            row.opt_text("lease_host")?.as_deref(),
+            row.opt_int("lease_pid")?,
+            me,
+        );
+        if status == RunStatus::Pending || !live || dead {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Queues `keys` of one pipeline: new keys are inserted as `pending`;
+/// existing keys in one of `requeue` states go back to `pending`, fresh.
+/// One statement per chunk of keys, not a round trip per key; all in one
+/// transaction. Returns how many keys are newly queued.
+pub(crate) async fn enqueue<D: Driver>(driver: &D, batch: &Enqueue<'_>) -> Result<u64, Error> {
+    /// Keys per statement: well under both databases' parameter limits.
+    const CHUNK: usize = 1000;
+    let s = sql::<D>();
+    let scheduler_clock = batch.due_at.map(crate::timestamp_text);
+    let head = [
+        Arg::Text(batch.pipeline),
+        Arg::Text(batch.export_type),
+        Arg::Int(batch.priority),
+        Arg::Text(batch.by.as_str()),
+    ];
+    let mut tx = driver.begin().await?;
+    let mut queued = 0;
+    for chunk in batch.keys.chunks(CHUNK) {
+        let mut args = head.to_vec();
+        for key in chunk {
+            args.extend([
+                Arg::Text(&key.source),
+                Arg::Text(&key.period_start),
+                Arg::Text(&key.period_end),
+            ]);
+        }
+        queued += tx.execute(&s.enqueue_new(chunk.len()), &args).await?;
+        if batch.requeue.is_empty() {
+            continue;
+        }
+        let mut args = head.to_vec();
+        args.push(Arg::OptText(scheduler_clock.as_deref()));
+        for key in chunk {
+            args.extend([Arg::Text(&key.source), Arg::Text(&key.period_start)]);
+        }
+        queued += tx
+            .execute(&s.requeue(chunk.len(), batch.requeue), &args)
+            .await?;
+    }
+    if queued > 0 {
+        wake_workers::<D>(&mut tx).await?;
+    }
+    tx.commit().await?;
+    Ok(queued)
+}
+
+/// Takes `pending` keys of a pipeline out of the queue (`cancelled`);
+/// running keys finish. Optionally one source and periods starting within
+/// `[from, to]` (RFC 3339 instants). Returns how many.
+pub(crate) async fn cancel<D: Driver>(
+    driver: &D,
+    pipeline: &str,
+    source: Option<&str>,
+    from: Option<&str>,
+    to: Option<&str>,
+) -> Result<u64, Error> {
+    let mut tx = driver.begin().await?;
+    let cancelled = tx
+        .execute(
+            &sql::<D>().cancel(),
+            &[
+                Arg::Text(pipeline),
+                Arg::OptText(source),
+                Arg::OptText(from),
+                Arg::OptText(to),
+            ],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(cancelled)
+}
+
+/// Ends an attempt stopped by a signal after its last committed batch: the
+/// run key goes back to `pending` with its lease released and its
+/// checkpoint kept, so any worker resumes it at once; the attempt is
+/// `interrupted`. Fenced: a superseded attempt changes nothing.
+pub(crate) async fn interrupt<D: Driver>(
+    driver: &D,
+    lease: &Lease,
+    counts: &Counts,
+    why: &str,
+) -> Result<(), Error> {
+    let mut tx = driver.begin().await?;
+    let updated = tx
+        .execute(
+            &sql::<D>().interrupt_run,
+            &[
+                Arg::Int(lease.run_ref),
+                Arg::Int(lease.attempt),
+                Arg::Text(why),
+            ],
+        )
+        .await?;
+    if updated != 1 {
+        return Err(lease_lost(lease));
+    }
+    end_attempt::<D>(&mut tx, lease, AttemptStatus::Interrupted, counts, None).await?;
+    wake_workers::<D>(&mut tx).await?;
+    tx.commit().await
+}
+
+/// Tells idle workers of every process that a key was queued, when `tx`
+/// commits (where the database can).
+async fn wake_workers<D: Driver>(tx: &mut D::Tx) -> Result<(), Error> {
+    if let Some(notify) = &sql::<D>().notify_queue {
+        tx.execute(notify, &[]).await?;
+    }
+    Ok(())
 }
 
 fn snapshot(row: &Record) -> Result<Snapshot, Error> {
@@ -197,11 +402,15 @@ async fn fence<D: Driver>(tx: &mut D::Tx, lease: &Lease) -> Result<(), Error> {
     if held == 1 {
         Ok(())
     } else {
-        Err(Error::LeaseLost(format!(
-            "attempt {} no longer holds the run key (another attempt took it over)",
-            lease.attempt
-        )))
+        Err(lease_lost(lease))
     }
+}
+
+fn lease_lost(lease: &Lease) -> Error {
+    Error::LeaseLost(format!(
+        "attempt {} no longer holds the run key (another attempt took it over)",
+        lease.attempt
+    ))
 }
 
 /// Ends the attempt's history row.
@@ -231,8 +440,10 @@ pub(crate) async fn mark_failed<D: Driver>(
     lease: &Lease,
     counts: &Counts,
     error: &Error,
+    now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), Error> {
     let message = error.to_string();
+    let now = crate::timestamp_text(now);
     let mut tx = driver.begin().await?;
     let updated = tx
         .execute(
@@ -242,6 +453,7 @@ pub(crate) async fn mark_failed<D: Driver>(
                 Arg::Text(&message),
                 Arg::Int(lease.run_ref),
                 Arg::Int(lease.attempt),
+                Arg::Text(&now),
             ],
         )
         .await?;
@@ -318,6 +530,9 @@ fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
         handler_version: row.opt_text("handler_version")?,
         lease_owner: row.opt_text("lease_owner")?,
         lease_expires_at: row.opt_text("lease_expires_at")?,
+        priority: row.int("priority")?,
+        not_before: row.opt_text("not_before")?,
+        enqueued_by: row.opt_text("enqueued_by")?,
     })
 }
 

@@ -13,7 +13,7 @@
 pub(crate) mod driver;
 pub(crate) mod flow;
 mod rules;
-mod sql;
+pub(crate) mod sql;
 
 use std::fmt;
 use std::str::FromStr;
@@ -271,6 +271,85 @@ pub enum Claim {
     Claimed(Box<ClaimedRun>),
 }
 
+/// A pipeline a queue worker can run: claims take only its keys, and the
+/// attempt records its handler version.
+#[derive(Debug, Clone)]
+pub struct QueuePipeline {
+    /// Pipeline name.
+    pub name: String,
+    /// Its handler `version`.
+    pub handler_version: String,
+}
+
+/// A key claimed from the work queue, with the identity its row holds.
+#[derive(Debug, Clone)]
+pub struct QueuedRun {
+    /// Pipeline name.
+    pub pipeline: String,
+    /// Source id.
+    pub source: String,
+    /// Export type.
+    pub export_type: String,
+    /// Period start as stored (RFC 3339).
+    pub period_start: String,
+    /// The claimed attempt.
+    pub run: ClaimedRun,
+}
+
+/// Who put a key into the queue (`_tm_runs.enqueued_by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnqueuedBy {
+    /// A `serve` scheduler at a fire of the pipeline's schedule.
+    Schedule,
+    /// `backfill --enqueue`.
+    Backfill,
+    /// An operator's command otherwise (an interrupted `run`).
+    Operator,
+}
+
+impl EnqueuedBy {
+    /// The name stored in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnqueuedBy::Schedule => "schedule",
+            EnqueuedBy::Backfill => "backfill",
+            EnqueuedBy::Operator => "operator",
+        }
+    }
+}
+
+/// One run key to queue.
+#[derive(Debug, Clone)]
+pub struct QueueKey {
+    /// Source id.
+    pub source: String,
+    /// Period start, RFC 3339.
+    pub period_start: String,
+    /// Period end, RFC 3339.
+    pub period_end: String,
+}
+
+/// Keys of one pipeline to put into the work queue.
+#[derive(Debug, Clone)]
+pub struct Enqueue<'a> {
+    /// Pipeline name.
+    pub pipeline: &'a str,
+    /// Export type.
+    pub export_type: &'a str,
+    /// The keys.
+    pub keys: &'a [QueueKey],
+    /// Claim order: each point is one minute of head start.
+    pub priority: i64,
+    /// Who queues them.
+    pub by: EnqueuedBy,
+    /// Existing keys in these states go back to `pending` (fresh); keys in
+    /// other states (pending, running, ...) are left as they are.
+    pub requeue: &'a [RunStatus],
+    /// The scheduler's clock: a failed key is re-queued only once its
+    /// `not_before` has passed. `None`: an operator, at once.
+    pub due_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
 /// One ledger row as `status` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct LedgerEntry {
@@ -307,6 +386,12 @@ pub struct LedgerEntry {
     pub lease_owner: Option<String>,
     /// Lease expiry while running.
     pub lease_expires_at: Option<String>,
+    /// Claim order in the work queue (each point: a minute of head start).
+    pub priority: i64,
+    /// When a failed key may run again (its backoff), if it failed.
+    pub not_before: Option<String>,
+    /// Who queued the key last: schedule, backfill or operator.
+    pub enqueued_by: Option<String>,
 }
 
 /// Decodes a `_tm_batches.key_hashes` blob.

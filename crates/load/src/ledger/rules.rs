@@ -38,15 +38,24 @@ pub(crate) enum Decision {
 /// - running with a live lease whose holder is not provably dead: held;
 /// - running otherwise (crashed): take over and resume from its checkpoint
 ///   unless forced;
-/// - pending, failed, cancelled, or forced: take it and start the period
-///   fresh (rows already committed stay; unchanged ones are not rewritten).
+/// - pending after an interrupted attempt (it kept its checkpoint): take it
+///   and resume, unless forced;
+/// - pending otherwise, failed, cancelled, or forced: take it and start the
+///   period fresh (rows already committed stay; unchanged ones are not
+///   rewritten).
 pub(crate) fn decide(row: Snapshot, request: &ClaimRequest) -> Decision {
     match row.status {
         RunStatus::Done if !request.force => {
             return Decision::Done(row.result.unwrap_or_default());
         }
         RunStatus::Running => {}
-        RunStatus::Pending | RunStatus::Done | RunStatus::Failed | RunStatus::Cancelled => {
+        RunStatus::Pending => {
+            return Decision::Take {
+                resume: resumable(request, row.checkpoint, row.run_id),
+                previous_lost: false,
+            };
+        }
+        RunStatus::Done | RunStatus::Failed | RunStatus::Cancelled => {
             return Decision::Take {
                 resume: None,
                 previous_lost: false,
@@ -60,13 +69,21 @@ pub(crate) fn decide(row: Snapshot, request: &ClaimRequest) -> Decision {
             expires_at: row.lease_expires_at.unwrap_or_default(),
         };
     }
-    let resume = match (request.force, row.checkpoint, row.run_id) {
+    Decision::Take {
+        resume: resumable(request, row.checkpoint, row.run_id),
+        previous_lost: true,
+    }
+}
+
+/// The checkpoint and run id to resume from, unless the claim is forced.
+fn resumable(
+    request: &ClaimRequest,
+    checkpoint: Option<serde_json::Value>,
+    run_id: Option<String>,
+) -> Option<(serde_json::Value, String)> {
+    match (request.force, checkpoint, run_id) {
         (false, Some(cp), Some(run_id)) => Some((cp, run_id)),
         _ => None,
-    };
-    Decision::Take {
-        resume,
-        previous_lost: true,
     }
 }
 
@@ -214,7 +231,35 @@ mod tests {
                 previous_lost: true
             }
         ));
-        for status in [RunStatus::Pending, RunStatus::Failed, RunStatus::Cancelled] {
+        // An interrupted attempt's pending key resumes; forced, it starts over.
+        let interrupted = Snapshot {
+            status: RunStatus::Pending,
+            ..running("h2", 1, false)
+        };
+        assert!(matches!(
+            decide(interrupted.clone(), &request(false)),
+            Decision::Take {
+                resume: Some(_),
+                previous_lost: false
+            }
+        ));
+        assert!(matches!(
+            decide(interrupted, &request(true)),
+            Decision::Take { resume: None, .. }
+        ));
+        let queued = Snapshot {
+            status: RunStatus::Pending,
+            checkpoint: None,
+            ..running("h2", 1, true)
+        };
+        assert!(matches!(
+            decide(queued, &request(false)),
+            Decision::Take {
+                resume: None,
+                previous_lost: false
+            }
+        ));
+        for status in [RunStatus::Failed, RunStatus::Cancelled] {
             let row = Snapshot {
                 status,
                 ..running("h2", 1, true)

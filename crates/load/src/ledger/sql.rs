@@ -49,6 +49,49 @@ impl Dialect {
         }
     }
 
+    /// The current time minus `param` minutes (an integer parameter).
+    fn now_minus_minutes(self, param: &str) -> String {
+        match self {
+            Dialect::Postgres => format!("now() - make_interval(mins => CAST({param} AS INTEGER))"),
+            Dialect::Sqlite => {
+                format!("strftime('%Y-%m-%dT%H:%M:%fZ', julianday('now') - {param} / 1440.0)")
+            }
+        }
+    }
+
+    /// The instant `at` (a time parameter) plus the backoff of a key that
+    /// has failed `failures` times before: one minute, doubling, at most a
+    /// day.
+    fn backoff_after(self, at: &str, failures: &str) -> String {
+        match self {
+            Dialect::Postgres => format!(
+                "{at}::timestamptz + make_interval(secs => LEAST(60 * power(2, LEAST({failures}, 11)), 86400))"
+            ),
+            Dialect::Sqlite => format!(
+                "strftime('%Y-%m-%dT%H:%M:%fZ', julianday({at}) + MIN(60 * (1 << MIN({failures}, 11)), 86400) / 86400.0)"
+            ),
+        }
+    }
+
+    /// A stored time or period start as an instant that compares correctly
+    /// across UTC offsets (`2024-03-31T00:00:00+01:00` vs `+02:00`).
+    pub(crate) fn instant(self, expr: &str) -> String {
+        match self {
+            Dialect::Postgres => format!("({expr})::timestamptz"),
+            Dialect::Sqlite => format!("julianday({expr})"),
+        }
+    }
+
+    /// Locks the selected rows, skipping rows another transaction holds: a
+    /// claim never waits behind another worker. SQLite has one writer, so
+    /// its claim transaction already excludes every other.
+    fn skip_locked(self) -> &'static str {
+        match self {
+            Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+            Dialect::Sqlite => "",
+        }
+    }
+
     /// The larger of two values.
     fn greatest(self) -> &'static str {
         match self {
@@ -56,6 +99,27 @@ impl Dialect {
             Dialect::Sqlite => "MAX",
         }
     }
+}
+
+/// What a claim reads of a run row (the claim rules' snapshot, the run key
+/// and the counts a resumed attempt continues from).
+fn claim_columns(d: Dialect) -> String {
+    format!(
+        "id, pipeline, source, export_type, period_start, status, attempt, run_id, lease_owner, lease_host,
+         lease_pid, lease_expires_at,
+         CAST(CASE WHEN lease_expires_at > {} THEN 1 ELSE 0 END AS BIGINT) AS lease_live,
+         checkpoint, batches, result, {}",
+        d.now(),
+        Counts::COLUMNS.join(", ")
+    )
+}
+
+/// `$first, $first+1, ...`: `n` numbered parameters.
+fn params(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The ledger's statements in one dialect.
@@ -107,7 +171,18 @@ pub(crate) struct Statements {
     pub prune_attempts: String,
     /// `$1` cut-off time.
     pub prune_rejects: String,
+    /// `$1` run ref, `$2` attempt, `$3` message: back to `pending` with the
+    /// lease released and the checkpoint kept.
+    pub interrupt_run: String,
+    /// Wakes idle workers of every process: PostgreSQL's NOTIFY on
+    /// [`QUEUE_CHANNEL`], delivered when the transaction commits. SQLite
+    /// workers poll.
+    pub notify_queue: Option<String>,
+    dialect: Dialect,
 }
+
+/// The PostgreSQL channel queue workers LISTEN on.
+pub(crate) const QUEUE_CHANNEL: &str = "tidemark_queue";
 
 impl Statements {
     /// The statements of `dialect`, built on first use.
@@ -124,7 +199,7 @@ impl Statements {
     fn build(d: Dialect) -> Statements {
         let now = d.now();
         let run_key = "pipeline = $1 AND source = $2 AND export_type = $3 AND period_start = $4";
-        let counts = Counts::COLUMNS.join(", ");
+        let claim_columns = claim_columns(d);
         let count_sets = |first: usize| -> String {
             Counts::COLUMNS
                 .iter()
@@ -144,10 +219,7 @@ impl Statements {
                  ON CONFLICT (pipeline, source, export_type, period_start) DO NOTHING"
             ),
             lock_run: format!(
-                "SELECT id, status, attempt, run_id, lease_owner, lease_host, lease_pid, lease_expires_at,
-                        CAST(CASE WHEN lease_expires_at > {now} THEN 1 ELSE 0 END AS BIGINT) AS lease_live,
-                        checkpoint, batches, result, {counts}
-                 FROM _tm_runs WHERE {run_key}{}",
+                "SELECT {claim_columns} FROM _tm_runs WHERE {run_key}{}",
                 d.for_update()
             ),
             lose_running_attempts: format!(
@@ -184,9 +256,10 @@ impl Statements {
             ),
             fail_run: format!(
                 "UPDATE _tm_runs SET status = '{}', error_class = $1, error_message = $2, finished_at = {now},
-                        {release}, updated_at = {now}
+                        {release}, failures = failures + 1, not_before = {}, updated_at = {now}
                  WHERE id = $3 AND attempt = $4 AND status = '{running}'",
-                RunStatus::Failed.as_str()
+                RunStatus::Failed.as_str(),
+                d.backoff_after("$5", "failures"),
             ),
             end_attempt: format!(
                 "UPDATE _tm_attempts SET status = $1, {}, error_class = $8, error_message = $9,
@@ -207,7 +280,8 @@ impl Statements {
                 count_sets(3)
             ),
             finish_run: format!(
-                "UPDATE _tm_runs SET status = '{}', result = $1, finished_at = {now}, checkpoint = NULL, {release}
+                "UPDATE _tm_runs SET status = '{}', result = $1, finished_at = {now}, checkpoint = NULL, {release},
+                        failures = 0, not_before = NULL
                  WHERE id = $2",
                 RunStatus::Done.as_str()
             ),
@@ -230,7 +304,143 @@ impl Statements {
                 "DELETE FROM _tm_rejects WHERE created_at < {}",
                 d.time_param("$1")
             ),
+            interrupt_run: format!(
+                "UPDATE _tm_runs SET status = '{}', error_class = 'interrupted', error_message = $3, {release},
+                        enqueued_at = COALESCE(enqueued_at, {now}), queue_rank = COALESCE(queue_rank, {now}),
+                        enqueued_by = COALESCE(enqueued_by, 'operator'), updated_at = {now}
+                 WHERE id = $1 AND attempt = $2 AND status = '{running}'",
+                RunStatus::Pending.as_str()
+            ),
+            notify_queue: match d {
+                Dialect::Postgres => Some(format!("SELECT pg_notify('{QUEUE_CHANNEL}', '')")),
+                Dialect::Sqlite => None,
+            },
+            dialect: d,
         }
+    }
+
+    /// The first claimable key of the queue among `pipelines` pipelines
+    /// (`$1..$n`): `pending`, past its `not_before`, by rank.
+    pub(crate) fn queue_next(&self, pipelines: usize) -> String {
+        let d = self.dialect;
+        format!(
+            "SELECT {} FROM _tm_runs
+             WHERE status = '{}' AND (not_before IS NULL OR not_before <= {}) AND pipeline IN ({})
+             ORDER BY queue_rank LIMIT 1{}",
+            claim_columns(d),
+            RunStatus::Pending.as_str(),
+            d.now(),
+            params(1, pipelines),
+            d.skip_locked()
+        )
+    }
+
+    /// Running keys among `pipelines` (`$2..`) that a worker on host `$1` may
+    /// be able to take over: the lease has expired, or the holder ran on
+    /// this host (the claim rules then check whether it is alive).
+    pub(crate) fn takeover_candidates(&self, pipelines: usize) -> String {
+        let d = self.dialect;
+        format!(
+            "SELECT {} FROM _tm_runs
+             WHERE status = '{}' AND (lease_expires_at IS NULL OR lease_expires_at <= {} OR lease_host = $1)
+               AND pipeline IN ({})
+             ORDER BY lease_expires_at LIMIT 16{}",
+            claim_columns(d),
+            RunStatus::Running.as_str(),
+            d.now(),
+            params(2, pipelines),
+            d.skip_locked()
+        )
+    }
+
+    /// Inserts `rows` run keys as `pending`, skipping keys that exist.
+    /// `$1` pipeline, `$2` export type, `$3` priority, `$4` enqueued by; then
+    /// per key source, period start, period end.
+    pub(crate) fn enqueue_new(&self, rows: usize) -> String {
+        let d = self.dialect;
+        let now = d.now();
+        let rank = d.now_minus_minutes("$3");
+        let values: Vec<String> = (0..rows)
+            .map(|i| {
+                let k = 5 + 3 * i;
+                format!(
+                    "($1, ${k}, $2, ${}, ${}, '{}', $3, {now}, $4, {rank}, {now}, {now})",
+                    k + 1,
+                    k + 2,
+                    RunStatus::Pending.as_str()
+                )
+            })
+            .collect();
+        format!(
+            "INSERT INTO _tm_runs (pipeline, source, export_type, period_start, period_end, status, priority,
+                                   enqueued_at, enqueued_by, queue_rank, created_at, updated_at)
+             VALUES {}
+             ON CONFLICT (pipeline, source, export_type, period_start) DO NOTHING",
+            values.join(", ")
+        )
+    }
+
+    /// Puts existing keys in `states` back into the queue, fresh (no
+    /// checkpoint). `$1` pipeline, `$2` export type, `$3` priority, `$4`
+    /// enqueued by, `$5` the scheduler's clock (a failed key waits for its
+    /// `not_before`) or NULL (an operator: at once); then per key source and
+    /// period start.
+    pub(crate) fn requeue(&self, rows: usize, states: &[RunStatus]) -> String {
+        let d = self.dialect;
+        let now = d.now();
+        let keys: Vec<String> = (0..rows)
+            .map(|i| format!("(${}, ${})", 6 + 2 * i, 7 + 2 * i))
+            .collect();
+        let states: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+        format!(
+            "UPDATE _tm_runs SET status = '{}', priority = $3, enqueued_at = {now}, enqueued_by = $4,
+                    queue_rank = {}, checkpoint = NULL, not_before = NULL, updated_at = {now}
+             WHERE pipeline = $1 AND export_type = $2 AND status IN ({})
+               AND ($5 IS NULL OR not_before IS NULL OR not_before <= {})
+               AND (source, period_start) IN (VALUES {})",
+            RunStatus::Pending.as_str(),
+            d.now_minus_minutes("$3"),
+            states.join(", "),
+            d.time_param("$5"),
+            keys.join(", ")
+        )
+    }
+
+    /// Takes `pending` keys of pipeline `$1` out of the queue, optionally
+    /// only source `$2` and periods starting from `$3` to `$4` (instants).
+    pub(crate) fn cancel(&self) -> String {
+        let d = self.dialect;
+        format!(
+            "UPDATE _tm_runs SET status = '{}', updated_at = {}
+             WHERE pipeline = $1 AND status = '{}' AND ($2 IS NULL OR source = $2)
+               AND ($3 IS NULL OR {} >= {}) AND ($4 IS NULL OR {} <= {})",
+            RunStatus::Cancelled.as_str(),
+            d.now(),
+            RunStatus::Pending.as_str(),
+            d.instant("period_start"),
+            d.instant("$3"),
+            d.instant("period_start"),
+            d.instant("$4"),
+        )
+    }
+
+    /// What is left for a draining worker of `pipelines` (`$2..`) on host
+    /// `$1`: pending keys, and running keys whose lease has expired or whose
+    /// holder ran on this host (maybe dead: the worker checks).
+    pub(crate) fn leftovers(&self, pipelines: usize) -> String {
+        let d = self.dialect;
+        format!(
+            "SELECT status, lease_host, lease_pid,
+                    CAST(CASE WHEN lease_expires_at > {} THEN 1 ELSE 0 END AS BIGINT) AS lease_live
+             FROM _tm_runs
+             WHERE pipeline IN ({}) AND (status = '{}'
+                   OR (status = '{}' AND (lease_expires_at IS NULL OR lease_expires_at <= {} OR lease_host = $1)))",
+            d.now(),
+            params(2, pipelines),
+            RunStatus::Pending.as_str(),
+            RunStatus::Running.as_str(),
+            d.now(),
+        )
     }
 }
 
@@ -252,6 +462,12 @@ mod tests {
                 &s.save_progress,
                 &s.insert_reject,
                 &s.fail_run,
+                &s.queue_next(3),
+                &s.takeover_candidates(2),
+                &s.enqueue_new(3),
+                &s.requeue(2, &[RunStatus::Failed]),
+                &s.cancel(),
+                &s.leftovers(1),
             ] {
                 let mut used: Vec<usize> = sql
                     .match_indices('$')

@@ -79,6 +79,18 @@ impl PgStore {
         Ok(store)
     }
 
+    /// A connection that LISTENs for queued keys (and reconnects by itself).
+    pub(crate) async fn listen(&self) -> Result<sqlx::postgres::PgListener, Error> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool)
+            .await
+            .map_err(db_error)?;
+        listener
+            .listen(crate::ledger::sql::QUEUE_CHANNEL)
+            .await
+            .map_err(db_error)?;
+        Ok(listener)
+    }
+
     pub(crate) async fn close(&self) {
         self.pool.close().await;
     }
