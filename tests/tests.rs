@@ -5,5 +5,6 @@ mod support;
 
 mod coordination;
 mod foundation;
+mod hardening_extract;
 mod http;
 mod scheduler;
