@@ -315,10 +315,10 @@ impl Decoder {
 /// An open file being decoded. Each cursor continues the hash of the
 /// content consumed before its file, and hands it back at the end.
 enum Cursor {
-    Csv(CsvCursor),
-    Ndjson(NdjsonCursor),
+    Csv(Box<CsvCursor>),
+    Ndjson(Box<NdjsonCursor>),
     /// A JSON file is consumed whole when it is opened: its hash covers it.
-    Json(JsonCursor, Xxh3),
+    Json(JsonCursor, Box<Xxh3>),
 }
 
 impl Cursor {
@@ -326,13 +326,16 @@ impl Cursor {
         let handle = file.open()?;
         let name = Arc::clone(&file.name);
         Ok(match decoder {
-            Decoder::Csv(rules) => {
-                Cursor::Csv(CsvCursor::open(handle, name, Arc::clone(rules), consumed)?)
-            }
-            Decoder::Ndjson => Cursor::Ndjson(NdjsonCursor::new(handle, name, consumed)),
+            Decoder::Csv(rules) => Cursor::Csv(Box::new(CsvCursor::open(
+                handle,
+                name,
+                Arc::clone(rules),
+                consumed,
+            )?)),
+            Decoder::Ndjson => Cursor::Ndjson(Box::new(NdjsonCursor::new(handle, name, consumed))),
             Decoder::Json { pointer } => {
                 let (cursor, hasher) = JsonCursor::open(handle, name, pointer, consumed)?;
-                Cursor::Json(cursor, hasher)
+                Cursor::Json(cursor, Box::new(hasher))
             }
         })
     }
@@ -361,7 +364,7 @@ impl Cursor {
         match self {
             Cursor::Csv(c) => c.into_hasher(),
             Cursor::Ndjson(c) => c.into_hasher(),
-            Cursor::Json(_, hasher) => hasher,
+            Cursor::Json(_, hasher) => *hasher,
         }
     }
 }

@@ -39,8 +39,8 @@ pub(crate) enum Decoder {
 /// The records of one page, decoded lazily where the format allows.
 pub(crate) enum Records {
     Json(JsonCursor),
-    Ndjson(NdjsonCursor<io::Cursor<Vec<u8>>>),
-    Csv(CsvCursor<io::Cursor<Vec<u8>>>),
+    Ndjson(Box<NdjsonCursor<io::Cursor<Vec<u8>>>>),
+    Csv(Box<CsvCursor<io::Cursor<Vec<u8>>>>),
     /// `204 No Content`.
     Empty,
 }
@@ -93,16 +93,16 @@ impl Decoder {
                 refuse_html(&body, input, "ndjson")?;
                 check_last_line(&body, input)?;
                 let cursor = io::Cursor::new(body);
-                Records::Ndjson(NdjsonCursor::new(cursor, resource, Xxh3::new()))
+                Records::Ndjson(Box::new(NdjsonCursor::new(cursor, resource, Xxh3::new())))
             }
             Decoder::Csv(rules) => {
                 refuse_html(&body, input, "csv")?;
                 let cursor = io::Cursor::new(body);
                 let rules = Arc::clone(rules);
-                Records::Csv(
+                Records::Csv(Box::new(
                     CsvCursor::open(cursor, resource, rules, Xxh3::new())
                         .map_err(|e| at_page(e, input.number))?,
-                )
+                ))
             }
         };
         Ok(Decoded {

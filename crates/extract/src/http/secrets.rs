@@ -35,10 +35,10 @@ const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~');
 
 /// The spellings a sealed secret is restored in. A span that matches none
-/// of them exactly is sealed as [`Form::Percent`], which any URL decoder
+/// of them exactly is sealed as [`Spelling::Percent`], which any URL decoder
 /// reads as the same value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Form {
+enum Spelling {
     /// As written.
     Raw,
     /// `application/x-www-form-urlencoded`, as `url` builds queries.
@@ -49,31 +49,33 @@ enum Form {
     PercentLower,
 }
 
-impl Form {
-    const ALL: [Form; 4] = [
-        Form::Raw,
-        Form::FormUrlencoded,
-        Form::Percent,
-        Form::PercentLower,
+impl Spelling {
+    const ALL: [Spelling; 4] = [
+        Spelling::Raw,
+        Spelling::FormUrlencoded,
+        Spelling::Percent,
+        Spelling::PercentLower,
     ];
 
     fn encode(self, value: &str) -> String {
         match self {
-            Form::Raw => value.to_string(),
-            Form::FormUrlencoded => {
+            Spelling::Raw => value.to_string(),
+            Spelling::FormUrlencoded => {
                 url::form_urlencoded::byte_serialize(value.as_bytes()).collect()
             }
-            Form::Percent => utf8_percent_encode(value, UNRESERVED).to_string(),
-            Form::PercentLower => lower_hex(&utf8_percent_encode(value, UNRESERVED).to_string()),
+            Spelling::Percent => utf8_percent_encode(value, UNRESERVED).to_string(),
+            Spelling::PercentLower => {
+                lower_hex(&utf8_percent_encode(value, UNRESERVED).to_string())
+            }
         }
     }
 
     fn placeholder(self, name: &str) -> String {
         match self {
-            Form::Raw => format!("${{{name}}}"),
-            Form::FormUrlencoded => format!("${{{name}:url}}"),
-            Form::Percent => format!("${{{name}:pct}}"),
-            Form::PercentLower => format!("${{{name}:pct-lower}}"),
+            Spelling::Raw => format!("${{{name}}}"),
+            Spelling::FormUrlencoded => format!("${{{name}:url}}"),
+            Spelling::Percent => format!("${{{name}:pct}}"),
+            Spelling::PercentLower => format!("${{{name}:pct-lower}}"),
         }
     }
 }
@@ -174,10 +176,10 @@ impl Secrets {
     /// the then current value on resume.
     pub(crate) fn seal(&self, text: &str) -> String {
         self.replace(text, |(name, value), span| {
-            let form = Form::ALL
+            let form = Spelling::ALL
                 .into_iter()
                 .find(|form| form.encode(value) == span)
-                .unwrap_or(Form::Percent);
+                .unwrap_or(Spelling::Percent);
             form.placeholder(name)
         })
         .into_owned()
@@ -194,10 +196,10 @@ impl Secrets {
         self.redact(&filled).into_owned()
     }
 
-    fn fill(&self, text: &str, with: impl Fn(Form, &str) -> String) -> String {
+    fn fill(&self, text: &str, with: impl Fn(Spelling, &str) -> String) -> String {
         let mut out = text.to_string();
         for (name, value) in &self.values {
-            for form in Form::ALL {
+            for form in Spelling::ALL {
                 let placeholder = form.placeholder(name);
                 if out.contains(&placeholder) {
                     out = out.replace(&placeholder, &with(form, value));
