@@ -764,6 +764,44 @@ async fn csv_pages_and_an_empty_period() {
         .is_empty());
 }
 
+/// A CSV page that ends inside a quoted field breaks the page like a file;
+/// a row with the wrong number of fields is a malformed record, and an
+/// NDJSON line that is not JSON too, each located by its page.
+#[tokio::test]
+async fn csv_and_ndjson_pages_keep_the_file_rules() {
+    let server = Server::start(|target, _| match target {
+        "/open" => ok("id,note\n1,ok\n2,\"he said\n3,x\n"),
+        "/rows" => ok("id,note\n1,ok\n2\n3,x\n"),
+        _ => ok("{\"id\":1}\nNaN\n{\"id\":3}\n"),
+    })
+    .await;
+    let csv = |path: &str| format!("url = \"{}{path}\"\nformat = \"csv\"", server.base);
+    let err = drain(&mut open(&pipeline(&csv("/open"), 10), None).await.unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Parse);
+    let message = err.to_string();
+    assert!(
+        message.contains("page 1") && message.contains("line 3"),
+        "{message}"
+    );
+    for (path, format, line) in [("/rows", "csv", 3), ("/nd", "ndjson", 2)] {
+        let source = format!("url = \"{}{path}\"\nformat = \"{format}\"", server.base);
+        let mut reader = open(&pipeline(&source, 10), None).await.unwrap();
+        let batch = reader.next_batch().await.unwrap().unwrap();
+        assert_eq!(batch.records.len(), 3, "{path}");
+        match &batch.records[1].data {
+            RawData::Malformed { error, .. } => {
+                let message = error.to_string();
+                let at = format!("page 1 row 2 (line {line})");
+                assert!(message.contains(&at), "{message}");
+            }
+            other => panic!("{path}: expected a malformed record, got {other:?}"),
+        }
+    }
+    assert_eq!(server.hits().len(), 3, "nothing was retried");
+}
+
 #[tokio::test]
 async fn first_page_counts_records_without_reading_on() {
     let server = Server::start(seven_in_pages_of_three).await;
