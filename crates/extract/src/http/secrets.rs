@@ -219,13 +219,18 @@ impl Secrets {
             return Cow::Borrowed(text);
         }
         let bytes = text.as_bytes();
+        let chars: Vec<Vec<char>> = self
+            .values
+            .iter()
+            .map(|(_, v)| v.chars().collect())
+            .collect();
         let mut out = String::new();
         let (mut copied, mut i) = (0, 0);
         while i < bytes.len() {
-            let found = self
-                .values
-                .iter()
-                .find_map(|secret| match_secret(bytes, i, &secret.1).map(|end| (secret, end)));
+            let found =
+                self.values.iter().zip(&chars).find_map(|(secret, chars)| {
+                    match_from(bytes, i, chars).map(|end| (secret, end))
+                });
             match found {
                 // A match starts and ends on character boundaries: it is
                 // made of whole characters or ASCII escapes.
@@ -249,15 +254,10 @@ impl Secrets {
     }
 }
 
-/// The end of `secret` spelled in `text` from `at`, in any mix of the
-/// spellings [`spellings`] accepts. A character may have more than one
-/// spelling that fits (a `%` in the secret, and `%25` in the text), so the
-/// match backtracks.
-fn match_secret(text: &[u8], at: usize, secret: &str) -> Option<usize> {
-    let chars: Vec<char> = secret.chars().collect();
-    match_from(text, at, &chars)
-}
-
+/// The end of the secret `chars` spelled in `text` from `at`, in any mix
+/// of the spellings [`spellings`] accepts. A character may have more than
+/// one spelling that fits (a `%` in the secret, and `%25` in the text), so
+/// the match backtracks.
 fn match_from(text: &[u8], at: usize, chars: &[char]) -> Option<usize> {
     let Some((&c, rest)) = chars.split_first() else {
         return Some(at);
