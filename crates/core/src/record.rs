@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::error::Location;
+use crate::error::{Error, Location};
 
 /// Where a record came from. The resource name is shared by every record of
 /// a file or page.
@@ -43,8 +43,21 @@ pub enum RawData {
         /// The row's cells.
         row: csv::StringRecord,
     },
-    /// A JSON value (normally an object).
+    /// A JSON object (readers hand anything else on as `Malformed`).
     Json(serde_json::Value),
+    /// A row the reader could not decode (a CSV row with the wrong number
+    /// of fields, an NDJSON line that is not JSON, invalid UTF-8, a record
+    /// that is not a JSON object), while the document around it is fine.
+    /// It travels with the good rows, so it counts as read, becomes a
+    /// reject under `max_rejects` like any invalid row, and keeps its place
+    /// in the checkpoint's record count.
+    Malformed {
+        /// The row as it was written (invalid UTF-8 replaced by U+FFFD),
+        /// without its line terminator: what the rejects table keeps.
+        raw: String,
+        /// Why it could not be decoded, at its location.
+        error: Box<Error>,
+    },
 }
 
 /// One record and its origin.
@@ -75,6 +88,15 @@ impl Selector {
             Selector::Name(from.to_string())
         }
     }
+
+    /// The CSV column this selector reads: the name, or a pointer without
+    /// its leading `/` (a CSV row has no nesting).
+    pub fn csv_column(&self) -> &str {
+        match self {
+            Selector::Name(name) => name,
+            Selector::Pointer(p) => p.trim_start_matches('/'),
+        }
+    }
 }
 
 /// A raw field value.
@@ -89,22 +111,43 @@ pub enum RawValue<'a> {
 }
 
 impl RawRecord {
-    /// Looks a field up.
-    pub fn get(&self, selector: &Selector) -> RawValue<'_> {
-        match (&self.data, selector) {
-            (RawData::Csv { headers, row }, Selector::Name(name)) => csv_cell(headers, row, name),
-            (RawData::Csv { headers, row }, Selector::Pointer(p)) => {
-                csv_cell(headers, row, p.trim_start_matches('/'))
-            }
-            (RawData::Json(v), Selector::Name(name)) => json_value(v.get(name.as_str())),
-            (RawData::Json(v), Selector::Pointer(p)) => json_value(v.pointer(p)),
+    /// A row that could not be decoded (see [`RawData::Malformed`]).
+    pub fn malformed(raw: String, error: Error, origin: Origin) -> RawRecord {
+        RawRecord {
+            data: RawData::Malformed {
+                raw,
+                error: Box::new(error),
+            },
+            origin,
         }
     }
 
-    /// The whole record as JSON, for the rejects table.
+    /// The decoding error of a malformed row, `None` for a good one.
+    pub fn decode_error(&self) -> Option<&Error> {
+        match &self.data {
+            RawData::Malformed { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// Looks a field up. A malformed row has no fields.
+    pub fn get(&self, selector: &Selector) -> RawValue<'_> {
+        match (&self.data, selector) {
+            (RawData::Csv { headers, row }, selector) => {
+                csv_cell(headers, row, selector.csv_column())
+            }
+            (RawData::Json(v), Selector::Name(name)) => json_value(v.get(name.as_str())),
+            (RawData::Json(v), Selector::Pointer(p)) => json_value(v.pointer(p)),
+            (RawData::Malformed { .. }, _) => RawValue::Missing,
+        }
+    }
+
+    /// The whole record as JSON, for the rejects table: a malformed row is
+    /// kept as the text it was written as.
     pub fn to_json(&self) -> serde_json::Value {
         match &self.data {
             RawData::Json(v) => v.clone(),
+            RawData::Malformed { raw, .. } => serde_json::Value::String(raw.clone()),
             RawData::Csv { headers, row } => serde_json::Value::Object(
                 headers
                     .iter()

@@ -8,6 +8,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use bytesize::ByteSize;
 use chrono_tz::Tz;
 use indexmap::IndexMap;
 use serde::Deserialize;
@@ -167,6 +168,27 @@ pub struct HttpSourceSpec {
     /// CSV delimiter.
     #[serde(default)]
     pub delimiter: Option<char>,
+    /// The largest page body accepted, counted as decoded (after gzip):
+    /// a number of bytes or a size such as `"256MiB"` or `"10MB"`. A
+    /// larger page fails the period instead of exhausting memory.
+    #[serde(default = "default_max_page_bytes")]
+    pub max_page_bytes: ByteSize,
+    /// The most pages one period may have: a last guard against a server
+    /// that pages forever in a way the repeat checks cannot see.
+    #[serde(default = "default_max_pages")]
+    pub max_pages: u64,
+}
+
+/// Generous: a page this large is still one allocation a machine survives,
+/// and no sane API sends one; a page larger than this is a runaway body.
+const fn default_max_page_bytes() -> ByteSize {
+    ByteSize::mib(256)
+}
+
+/// Generous: 100,000 pages of 100 records is ten million records in one
+/// period.
+const fn default_max_pages() -> u64 {
+    100_000
 }
 
 /// Pagination styles.
@@ -840,8 +862,21 @@ impl Checker<'_> {
                             ));
                         }
                     }
+                    self.http_limits(&at, h)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// `max_page_bytes` and `max_pages`: a zero limit would fail every
+    /// period at its first page.
+    fn http_limits(&self, at: &dyn Fn(&str) -> String, h: &HttpSourceSpec) -> Result<(), Error> {
+        if h.max_page_bytes.as_u64() == 0 {
+            return Err(self.err(at("max_page_bytes"), "must be at least 1 byte"));
+        }
+        if h.max_pages == 0 {
+            return Err(self.err(at("max_pages"), "must be at least 1"));
         }
         Ok(())
     }
@@ -1227,6 +1262,33 @@ url = "http://127.0.0.1:1/orders"
         );
         let (key, _) = config_err(&format!("{GOOD}\n[schedule]\ncron = \"every tuesday\"\n"));
         assert_eq!(key, "schedule.cron");
+    }
+
+    #[test]
+    fn http_page_limits_take_bytes_or_sizes_and_refuse_zero() {
+        let http = |extra: &str| {
+            GOOD.replace(
+                "transport = \"file\"\nformat = \"csv\"\npath = \"exports/{period.start:%Y/%m/%d}/orders*.csv\"",
+                &format!("transport = \"http\"\nformat = \"json\"\nurl = \"http://127.0.0.1:9/o\"\n{extra}"),
+            )
+        };
+        let limits = |text: &str| match &parse(text).unwrap().spec.sources[0] {
+            SourceSpec::Http(h) => (h.max_page_bytes.as_u64(), h.max_pages),
+            SourceSpec::File(_) => panic!("expected an HTTP source"),
+        };
+        assert_eq!(limits(&http("")), (256 << 20, 100_000), "defaults");
+        assert_eq!(limits(&http("max_page_bytes = \"10MB\"")).0, 10_000_000);
+        assert_eq!(limits(&http("max_page_bytes = \"256MiB\"")).0, 256 << 20);
+        assert_eq!(
+            limits(&http("max_page_bytes = 4096\nmax_pages = 7")),
+            (4096, 7)
+        );
+        let (key, _) = config_err(&http("max_page_bytes = 0"));
+        assert_eq!(key, "sources[0].max_page_bytes");
+        let (key, _) = config_err(&http("max_pages = 0"));
+        assert_eq!(key, "sources[0].max_pages");
+        let (_, message) = config_err(&http("max_page_bytes = \"lots\""));
+        assert!(message.contains("lots"), "{message}");
     }
 
     #[test]

@@ -2,8 +2,15 @@
 //!
 //! The path template is rendered for the period, resolved against the
 //! pipeline file's folder and expanded as a glob. Matches are read in path
-//! order, so a checkpoint (file index, file path, records consumed in it)
-//! means the same thing on every attempt as long as the files do not change.
+//! order. A checkpoint names a position (file index, file path, records
+//! consumed in it) and the identity of the content consumed up to it: an
+//! xxh3 hash over the raw bytes of the earlier files and of the current
+//! file up to the end of its last consumed record. A resumed attempt reads
+//! that content again (it must anyway, to skip the records) and compares
+//! the hash, so a file regenerated between a crash and the resume is
+//! noticed and the period starts over, instead of skipping N records of
+//! different content. The hash works on FIFOs and same-size rewrites, where
+//! size and modification time would not.
 //!
 //! CSV and NDJSON files are streamed: the reader holds one batch and one
 //! decoder buffer, however large the file. A `json` file is one document, so
@@ -13,6 +20,7 @@
 //! All file I/O is blocking and runs on tokio's blocking pool, so a slow
 //! disk or a FIFO that waits for its writer never stalls other periods.
 
+mod consumed;
 pub(crate) mod csv_file;
 pub(crate) mod json_file;
 pub(crate) mod ndjson_file;
@@ -26,18 +34,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tidemark_core::spec::{FileSourceSpec, Format, MissingPolicy};
 use tidemark_core::template::{Template, TemplateContext};
 use tidemark_core::{Error, Period, Pipeline, RawRecord};
 use tracing::debug;
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::{Batch, Checkpoint};
-use csv_file::CsvCursor;
+use csv_file::{CsvCursor, CsvRules};
 use json_file::JsonCursor;
 use ndjson_file::NdjsonCursor;
 
 /// The checkpoint format's version; bump it when its meaning changes.
-const CHECKPOINT_VERSION: u32 = 1;
+/// Version 2 added the identity of the consumed content; a checkpoint of
+/// another version does not fit, and the period starts over.
+const CHECKPOINT_VERSION: u32 = 2;
 /// The checkpoint's `kind`, so another transport's checkpoint is refused.
 const CHECKPOINT_KIND: &str = "file";
 /// Records preallocated per batch: enough to avoid regrowth for common
@@ -94,6 +106,9 @@ impl FileReader {
             batch_size: pipeline.spec.load.batch_size,
             index: 0,
             cursor: None,
+            consumed: Xxh3::new(),
+            file_had_records: false,
+            closed: None,
         });
         if let Some(resume) = resume {
             let position = Position::from_checkpoint(resume, &state.files)?;
@@ -270,7 +285,7 @@ impl SourceFile {
 /// How the source's files are decoded.
 #[derive(Debug, Clone)]
 enum Decoder {
-    Csv { delimiter: u8 },
+    Csv(Arc<CsvRules>),
     Ndjson,
     Json { pointer: String },
 }
@@ -286,7 +301,8 @@ impl Decoder {
                         "must be one ASCII character",
                     )
                 })?;
-                Decoder::Csv { delimiter }
+                let empty_ok = spec.missing == MissingPolicy::Empty;
+                Decoder::Csv(Arc::new(CsvRules::new(pipeline, delimiter, empty_ok)))
             }
             Format::Ndjson => Decoder::Ndjson,
             Format::Json => Decoder::Json {
@@ -296,21 +312,31 @@ impl Decoder {
     }
 }
 
-/// An open file being decoded.
+/// An open file being decoded. Each cursor continues the hash of the
+/// content consumed before its file, and hands it back at the end.
 enum Cursor {
-    Csv(CsvCursor),
-    Ndjson(NdjsonCursor),
-    Json(JsonCursor),
+    Csv(Box<CsvCursor>),
+    Ndjson(Box<NdjsonCursor>),
+    /// A JSON file is consumed whole when it is opened: its hash covers it.
+    Json(JsonCursor, Box<Xxh3>),
 }
 
 impl Cursor {
-    fn open(file: &SourceFile, decoder: &Decoder) -> Result<Cursor, Error> {
+    fn open(file: &SourceFile, decoder: &Decoder, consumed: Xxh3) -> Result<Cursor, Error> {
         let handle = file.open()?;
         let name = Arc::clone(&file.name);
         Ok(match decoder {
-            Decoder::Csv { delimiter } => Cursor::Csv(CsvCursor::open(handle, name, *delimiter)?),
-            Decoder::Ndjson => Cursor::Ndjson(NdjsonCursor::new(handle, name)),
-            Decoder::Json { pointer } => Cursor::Json(JsonCursor::open(handle, name, pointer)?),
+            Decoder::Csv(rules) => Cursor::Csv(Box::new(CsvCursor::open(
+                handle,
+                name,
+                Arc::clone(rules),
+                consumed,
+            )?)),
+            Decoder::Ndjson => Cursor::Ndjson(Box::new(NdjsonCursor::new(handle, name, consumed))),
+            Decoder::Json { pointer } => {
+                let (cursor, hasher) = JsonCursor::open(handle, name, pointer, consumed)?;
+                Cursor::Json(cursor, Box::new(hasher))
+            }
         })
     }
 
@@ -320,7 +346,25 @@ impl Cursor {
         match self {
             Cursor::Csv(c) => c.next_record(),
             Cursor::Ndjson(c) => c.next_record(),
-            Cursor::Json(c) => c.next_record(),
+            Cursor::Json(c, _) => c.next_record(),
+        }
+    }
+
+    /// The identity of everything consumed through the last record read.
+    fn digest(&self) -> u64 {
+        match self {
+            Cursor::Csv(c) => c.digest(),
+            Cursor::Ndjson(c) => c.digest(),
+            Cursor::Json(_, hasher) => hasher.digest(),
+        }
+    }
+
+    /// The hash over everything consumed, this whole file included.
+    fn into_hasher(self) -> Xxh3 {
+        match self {
+            Cursor::Csv(c) => c.into_hasher(),
+            Cursor::Ndjson(c) => c.into_hasher(),
+            Cursor::Json(_, hasher) => *hasher,
         }
     }
 }
@@ -335,6 +379,14 @@ struct State {
     index: usize,
     /// The open file, `None` before it is opened or after it is exhausted.
     cursor: Option<Cursor>,
+    /// The hash of every file before `index`, whole.
+    consumed: Xxh3,
+    /// Whether the open file has handed out a record.
+    file_had_records: bool,
+    /// The last file that ended after handing out records, and the
+    /// identity of the content through its last record: what a checkpoint
+    /// after that record names once the file is closed.
+    closed: Option<(usize, u64)>,
 }
 
 impl State {
@@ -347,16 +399,30 @@ impl State {
             let Some(record) = self.next_record()? else {
                 break;
             };
-            last = Some(Position {
-                file_index: self.index,
-                records: record.origin.record,
-            });
+            last = Some((self.index, record.origin.record));
             records.push(record);
         }
-        Ok(last.map(|position| Batch {
-            records,
-            checkpoint: position.to_checkpoint(&self.files),
+        Ok(last.map(|(file_index, records_in_file)| {
+            let position = Position {
+                file_index,
+                records: records_in_file,
+                consumed: self.digest(file_index),
+            };
+            Batch {
+                records,
+                checkpoint: position.to_checkpoint(&self.files),
+            }
         }))
+    }
+
+    /// The identity of the content through the last record read, which
+    /// came from file `file_index`.
+    fn digest(&self, file_index: usize) -> u64 {
+        match (&self.cursor, self.closed) {
+            (Some(cursor), _) if self.index == file_index => cursor.digest(),
+            (_, Some((closed, digest))) if closed == file_index => digest,
+            _ => self.consumed.digest(),
+        }
     }
 
     /// The next record of the current file, moving on to the next file at
@@ -367,23 +433,36 @@ impl State {
                 let Some(file) = self.files.get(self.index) else {
                     return Ok(None);
                 };
-                self.cursor = Some(Cursor::open(file, &self.decoder)?);
+                let consumed = self.consumed.clone();
+                self.cursor = Some(Cursor::open(file, &self.decoder, consumed)?);
             }
             let Some(cursor) = self.cursor.as_mut() else {
                 return Ok(None);
             };
-            match cursor.next_record()? {
-                Some(record) => return Ok(Some(record)),
-                None => {
-                    self.cursor = None;
-                    self.index += 1;
-                }
+            if let Some(record) = cursor.next_record()? {
+                self.file_had_records = true;
+                return Ok(Some(record));
             }
+            self.close_file();
         }
     }
 
-    /// Positions the reader after `position`'s records by reading and
-    /// discarding them: cheap for local files, and it works on FIFOs.
+    /// Ends the current file: its hash joins the consumed content.
+    fn close_file(&mut self) {
+        if let Some(cursor) = self.cursor.take() {
+            if self.file_had_records {
+                self.closed = Some((self.index, cursor.digest()));
+            }
+            self.consumed = cursor.into_hasher();
+        }
+        self.file_had_records = false;
+        self.index += 1;
+    }
+
+    /// Positions the reader after `position`'s records by reading the
+    /// content before it again: the earlier files whole, then the records
+    /// of the current one. That works on FIFOs, and proves the content is
+    /// the one the checkpoint was written after.
     fn seek(&mut self, position: &Position) -> Result<(), Error> {
         let Some(file) = self.files.get(position.file_index) else {
             return Err(checkpoint_mismatch(format!(
@@ -391,7 +470,10 @@ impl State {
                 position.file_index
             )));
         };
-        let mut cursor = Cursor::open(file, &self.decoder)?;
+        for earlier in &self.files[..position.file_index] {
+            hash_whole(earlier, &mut self.consumed)?;
+        }
+        let mut cursor = Cursor::open(file, &self.decoder, self.consumed.clone())?;
         for skipped in 0..position.records {
             if cursor.next_record()?.is_none() {
                 return Err(checkpoint_mismatch(format!(
@@ -400,23 +482,46 @@ impl State {
                 )));
             }
         }
+        if cursor.digest() != position.consumed {
+            return Err(checkpoint_mismatch(format!(
+                "the content before the checkpoint (the files before {} and its first {} records) is not what was read before: a file changed since",
+                file.name, position.records
+            )));
+        }
         self.index = position.file_index;
         self.cursor = Some(cursor);
+        self.file_had_records = position.records > 0;
         Ok(())
     }
 }
 
+/// Feeds a whole file's bytes into `hasher`, as a cursor reading it to its
+/// end would.
+fn hash_whole(file: &SourceFile, hasher: &mut Xxh3) -> Result<(), Error> {
+    let mut handle = file.open()?;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match io::Read::read(&mut handle, &mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_error("cannot read", &file.name, &e)),
+        }
+    }
+}
+
 /// A position in the source: `records` records of file `file_index` have
-/// been consumed.
+/// been consumed, and `consumed` is the hash of the content up to there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Position {
     file_index: usize,
     records: u64,
+    consumed: u64,
 }
 
-/// The checkpoint as stored: versioned, and naming the file as well as its
-/// index so that a changed file list is noticed instead of silently
-/// skipping the wrong records.
+/// The checkpoint as stored: versioned, naming the file as well as its
+/// index so that a changed file list is noticed, and the identity of the
+/// content consumed (16 hex digits) so that changed content is too.
 #[derive(Debug, Serialize, Deserialize)]
 struct FileCheckpoint {
     v: u32,
@@ -424,6 +529,7 @@ struct FileCheckpoint {
     file_index: usize,
     file: String,
     records: u64,
+    consumed: String,
 }
 
 impl Position {
@@ -438,17 +544,31 @@ impl Position {
             "file_index": self.file_index,
             "file": file,
             "records": self.records,
+            "consumed": format!("{:016x}", self.consumed),
         })
     }
 
     /// Reads a checkpoint and checks it against the files matched now.
     fn from_checkpoint(checkpoint: &Checkpoint, files: &[SourceFile]) -> Result<Position, Error> {
+        let version = checkpoint.get("v").and_then(Value::as_u64);
+        if version != Some(u64::from(CHECKPOINT_VERSION)) {
+            return Err(checkpoint_mismatch(format!(
+                "checkpoint version {} is not this build's {CHECKPOINT_VERSION}",
+                version.map_or_else(|| "(none)".to_string(), |v| v.to_string())
+            )));
+        }
         let cp = FileCheckpoint::deserialize(checkpoint)
             .map_err(|e| checkpoint_mismatch(format!("unreadable checkpoint {checkpoint}: {e}")))?;
-        if cp.v != CHECKPOINT_VERSION || cp.kind != CHECKPOINT_KIND {
+        let consumed = u64::from_str_radix(&cp.consumed, 16).map_err(|e| {
+            checkpoint_mismatch(format!(
+                "unreadable content identity {:?}: {e}",
+                cp.consumed
+            ))
+        })?;
+        if cp.kind != CHECKPOINT_KIND {
             return Err(checkpoint_mismatch(format!(
-                "unknown checkpoint version {} of kind {:?} (expected version {CHECKPOINT_VERSION} of kind {CHECKPOINT_KIND:?})",
-                cp.v, cp.kind
+                "a checkpoint of kind {:?} is not a file source's",
+                cp.kind
             )));
         }
         match files.get(cp.file_index) {
@@ -465,6 +585,7 @@ impl Position {
             Some(_) => Ok(Position {
                 file_index: cp.file_index,
                 records: cp.records,
+                consumed,
             }),
         }
     }
@@ -510,6 +631,37 @@ fn parse_error(resource: &str, record: Option<u64>, line: Option<u64>, message: 
             line,
         },
         message,
+    }
+}
+
+/// Bytes as text for a message: valid UTF-8 as it is (control characters
+/// escaped), every invalid byte as `\xNN`, cut after 120 bytes.
+pub(crate) fn show_bytes(bytes: &[u8]) -> String {
+    const MAX: usize = 120;
+    let shown = &bytes[..bytes.len().min(MAX)];
+    let mut out = String::from("\"");
+    for chunk in shown.utf8_chunks() {
+        out.extend(chunk.valid().chars().flat_map(char::escape_debug));
+        for byte in chunk.invalid() {
+            out.push_str(&format!("\\x{byte:02X}"));
+        }
+    }
+    out.push('"');
+    if bytes.len() > MAX {
+        out.push('…');
+    }
+    out
+}
+
+/// What a JSON value is, for messages.
+pub(crate) fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 

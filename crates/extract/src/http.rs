@@ -7,14 +7,23 @@
 //! period.
 //!
 //! Each batch ends at a checkpoint naming the page in progress by its
-//! request (page number, offset, cursor or next URL) and the records of it
-//! already handed out. A resumed attempt fetches that page again, skips the
-//! handed-out records, and never fetches the pages before it. When a batch
-//! ends exactly at the end of a page, the checkpoint already names the next
-//! page (or says the source is exhausted), so nothing is fetched twice.
+//! request (page number, offset, cursor or next URL), the records of it
+//! already handed out, and a hash of those records. A resumed attempt
+//! fetches that page again, skips the handed-out records and checks their
+//! hash: if the page changed meanwhile, skipping would drop the wrong
+//! records, so the checkpoint does not fit and the period starts over. It
+//! never fetches the pages before it. When a batch ends exactly at the end
+//! of a page, the checkpoint already names the next page (or says the
+//! source is exhausted), so nothing is fetched twice.
+//!
+//! A server that ignores the pagination would be paged forever: every
+//! request of the period and the hash of every body are remembered, and a
+//! page whose body is one already seen, or a cursor or link already
+//! followed, fails the period; `max_pages` is the last guard.
 //!
 //! Requests are retried here, per request, for transient failures (see
-//! [`request`]); the runner sees only permanent errors.
+//! [`request`]); the runner sees only permanent errors, and every error
+//! leaving the reader has its secrets redacted.
 
 mod limiter;
 mod page;
@@ -25,21 +34,28 @@ mod secrets;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tidemark_core::spec::{Format, HttpSourceSpec};
-use tidemark_core::{Error, Period, Pipeline, RawRecord};
-use tracing::debug;
+use serde_json::Value;
+use tidemark_core::spec::{Format, HttpSourceSpec, Pagination};
+use tidemark_core::{Error, Period, Pipeline, RawData, RawRecord};
+use tracing::{debug, warn};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
+use crate::file::csv_file::CsvRules;
 use crate::{Batch, Checkpoint};
 use page::{Decoder, PageInput, Records};
 use paging::{Continuation, PageRequest};
 use request::Fetcher;
 
 /// The checkpoint format's version; bump it when its meaning changes.
-const CHECKPOINT_VERSION: u32 = 1;
+/// Version 2 added the hash of the records handed out of the page in
+/// progress; a checkpoint of another version does not fit, and the period
+/// starts over.
+const CHECKPOINT_VERSION: u32 = 2;
 /// The checkpoint's `kind`, so another transport's checkpoint is refused.
 const CHECKPOINT_KIND: &str = "http";
 /// Records preallocated per batch (see the file reader).
@@ -100,15 +116,20 @@ impl HttpReader {
         let mut state = Box::new(State {
             decoder: decoder(pipeline, spec)?,
             batch_size: pipeline.spec.load.batch_size,
+            max_pages: spec.max_pages,
+            source: spec.id.clone(),
             next: Some(PageAt {
                 number: 1,
                 request: paging::first(&spec.pagination),
             }),
             page: None,
+            requested: HashMap::new(),
+            bodies: HashMap::new(),
             fetcher,
         });
         if let Some(resume) = resume {
-            state.resume(resume).await?;
+            let resumed = state.resume(resume).await;
+            resumed.map_err(|e| state.fetcher.secrets().redact_error(e))?;
         }
         Ok(HttpReader {
             source: spec.id.clone(),
@@ -159,7 +180,10 @@ impl HttpReader {
         let Some(at) = state.next.take() else {
             return Err(Error::source_permanent("the source has no first page"));
         };
-        let page = state.fetch(at).await?;
+        let page = state
+            .fetch(at)
+            .await
+            .map_err(|e| state.fetcher.secrets().redact_error(e))?;
         let resource = page.resource.to_string();
         let (records, first) = run_blocking(move || page.count()).await??;
         Ok(FirstPage {
@@ -176,15 +200,18 @@ fn decoder(pipeline: &Pipeline, spec: &HttpSourceSpec) -> Result<Decoder, Error>
             pointer: spec.records.clone().unwrap_or_default(),
         },
         Format::Ndjson => Decoder::Ndjson,
-        Format::Csv => Decoder::Csv {
-            delimiter: u8::try_from(spec.delimiter.unwrap_or(',')).map_err(|_| {
+        Format::Csv => {
+            let delimiter = u8::try_from(spec.delimiter.unwrap_or(',')).map_err(|_| {
                 Error::config(
                     pipeline.file_name(),
                     format!("sources.{}.delimiter", spec.id),
                     "must be one ASCII character",
                 )
-            })?,
-        },
+            })?;
+            // An empty body is an empty page (an API's "no more"), not a
+            // half-written export: a cut body fails in the transport.
+            Decoder::Csv(Arc::new(CsvRules::new(pipeline, delimiter, true)))
+        }
     })
 }
 
@@ -201,15 +228,26 @@ struct State {
     fetcher: Fetcher,
     decoder: Decoder,
     batch_size: usize,
+    max_pages: u64,
+    source: String,
     /// The page to fetch once `page` is exhausted; `None`: no more pages.
     next: Option<PageAt>,
     /// The page being handed out.
     page: Option<Box<OpenPage>>,
+    /// Every request fetched in this attempt, and the page it fetched.
+    requested: HashMap<PageRequest, u64>,
+    /// The hash of every body fetched in this attempt, and its page.
+    bodies: HashMap<u64, u64>,
 }
 
 impl State {
     /// Fills one batch, fetching pages as needed.
     async fn read_batch(&mut self) -> Result<Option<Batch>, Error> {
+        let read = self.fill_batch().await;
+        read.map_err(|e| self.fetcher.secrets().redact_error(e))
+    }
+
+    async fn fill_batch(&mut self) -> Result<Option<Batch>, Error> {
         let mut records = Vec::with_capacity(self.batch_size.min(PREALLOCATE_RECORDS));
         while records.len() < self.batch_size {
             let page = match self.page.take() {
@@ -224,12 +262,16 @@ impl State {
                 let mut page = page;
                 let mut records = records;
                 let exhausted = page.fill(&mut records, want);
+                if matches!(exhausted, Ok(false)) {
+                    // The batch is full and ends inside this page.
+                    page.absorb(&records);
+                }
                 (page, records, exhausted)
             })
             .await?;
             records = filled;
             if exhausted? {
-                self.next = page.after(self.fetcher.pagination());
+                self.next = self.after(&page)?;
             } else {
                 self.page = Some(page);
             }
@@ -243,41 +285,80 @@ impl State {
         }))
     }
 
+    /// The page after the exhausted `page`, unless its request was already
+    /// fetched in this period (a cursor or link going round in a circle).
+    fn after(&self, page: &OpenPage) -> Result<Option<PageAt>, Error> {
+        let next = page.after(self.fetcher.pagination());
+        if let Some(earlier) = next.as_ref().and_then(|n| self.requested.get(&n.request)) {
+            return Err(Error::source_permanent(format!(
+                "{} page {}: the next page it names is the request of page {earlier} again (the same {}); \
+                 the server is paging in a circle, so the period stops here instead of looping",
+                page.resource,
+                page.at.number,
+                paging::style_name(self.fetcher.pagination()),
+            )));
+        }
+        Ok(next)
+    }
+
     /// Fetches and decodes the page `at`, retrying transient failures
-    /// (including a body that was cut short).
-    async fn fetch(&self, at: PageAt) -> Result<Box<OpenPage>, Error> {
+    /// (including a body that was cut short), and refuses a page beyond
+    /// `max_pages` or one whose body was already seen in this period.
+    async fn fetch(&mut self, at: PageAt) -> Result<Box<OpenPage>, Error> {
+        if at.number > self.max_pages {
+            return Err(Error::source_permanent(format!(
+                "source {}: the period has more than max_pages = {} pages (sources.{}.max_pages); \
+                 stopping: raise it if the period really has that many",
+                self.source, self.max_pages, self.source
+            )));
+        }
         let fetcher = &self.fetcher;
         let url = fetcher.url(&at.request)?;
-        let shown: Arc<str> = Arc::from(fetcher.show(&url));
+        let shown: Arc<str> = Arc::from(fetcher.show(&at.request)?);
         let (url_ref, shown_ref, at_ref, decoder) = (&url, &shown, &at, &self.decoder);
-        let decoded = fetcher
+        let (decoded, body_hash) = fetcher
             .with_retries(&shown, at.number, || async move {
                 let fetched = fetcher.get(url_ref, shown_ref).await?;
+                let body_hash = xxh3_64(&fetched.body);
                 let input = PageInput {
                     resource: Arc::clone(shown_ref),
                     number: at_ref.number,
                     pagination: fetcher.pagination().clone(),
-                    request: at_ref.request.clone(),
                     next_link: fetched
                         .next_link
                         .map(|u| fetcher.secrets().seal(u.as_str())),
                     no_content: fetched.status == reqwest::StatusCode::NO_CONTENT,
+                    content_type: fetched.content_type,
                 };
                 let decoder = decoder.clone();
                 let body = fetched.body;
                 // Decoding a large page is CPU work: keep it off the runtime.
-                run_blocking(move || decoder.decode(body, &input)).await?
+                let decoded = run_blocking(move || decoder.decode(body, &input)).await?;
+                decoded
+                    .map(|d| (d, body_hash))
+                    .map_err(|e| fetcher.secrets().redact_error(e))
             })
             .await?;
         debug!(page = at.number, url = %shown, "fetched page");
+        if let Some(earlier) = self.bodies.insert(body_hash, at.number) {
+            return Err(Error::source_permanent(format!(
+                "{shown} page {}: the response is identical to page {earlier}'s; the server seems to \
+                 ignore the pagination ({}), so the period stops here instead of looping",
+                at.number,
+                paging::style_name(self.fetcher.pagination()),
+            )));
+        }
+        self.requested.insert(at.request.clone(), at.number);
         Ok(Box::new(OpenPage {
             at,
             resource: shown,
             records: decoded.records,
-            continuation: decoded.continuation,
+            continuation: seal_cursor(decoded.continuation, &self.fetcher),
             consumed: 0,
             peeked: None,
             deferred: None,
+            hasher: Xxh3::new(),
+            hashed: 0,
         }))
     }
 
@@ -303,6 +384,12 @@ impl State {
         })
         .await?;
         skipped?;
+        if Some(page.hasher.digest()) != cp.digest {
+            return Err(mismatch(format!(
+                "page {} ({}) changed since the checkpoint: its first {skip} records are not the ones handed out before",
+                page.at.number, page.resource
+            )));
+        }
         self.next = None;
         self.page = Some(page);
         Ok(())
@@ -310,9 +397,9 @@ impl State {
 
     /// The position after the records handed out so far.
     fn checkpoint(&self) -> Checkpoint {
-        let (page, records) = match (&self.page, &self.next) {
-            (Some(page), _) => (Some(&page.at), page.consumed),
-            (None, next) => (next.as_ref(), 0),
+        let (page, records, digest) = match (&self.page, &self.next) {
+            (Some(page), _) => (Some(&page.at), page.consumed, Some(page.hasher.digest())),
+            (None, next) => (next.as_ref(), 0, None),
         };
         let mut cp = serde_json::json!({
             "v": CHECKPOINT_VERSION,
@@ -321,9 +408,25 @@ impl State {
         });
         match page {
             Some(at) => cp["page"] = serde_json::to_value(at).unwrap_or_default(),
-            None => cp["done"] = serde_json::Value::Bool(true),
+            None => cp["done"] = Value::Bool(true),
+        }
+        if let Some(digest) = digest {
+            cp["digest"] = Value::String(format!("{digest:016x}"));
         }
         cp
+    }
+}
+
+/// A cursor read from a body is sealed before it is kept (and stored in a
+/// checkpoint): a server may build it from the request, key included.
+fn seal_cursor(continuation: Continuation, fetcher: &Fetcher) -> Continuation {
+    match continuation {
+        Continuation::Known(Some(PageRequest::Cursor { cursor: Some(c) })) => {
+            Continuation::Known(Some(PageRequest::Cursor {
+                cursor: Some(fetcher.secrets().seal(&c)),
+            }))
+        }
+        other => other,
     }
 }
 
@@ -338,8 +441,17 @@ struct HttpCheckpoint {
     /// Records of that page already handed out.
     #[serde(default)]
     records: u64,
+    /// Their hash (16 hex digits), when there are any.
+    #[serde(default, deserialize_with = "hex_digest")]
+    digest: Option<u64>,
     #[serde(default)]
     done: bool,
+}
+
+fn hex_digest<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let text: Option<String> = Option::deserialize(d)?;
+    text.map(|t| u64::from_str_radix(&t, 16).map_err(serde::de::Error::custom))
+        .transpose()
 }
 
 impl HttpCheckpoint {
@@ -348,16 +460,26 @@ impl HttpCheckpoint {
         checkpoint: &Checkpoint,
         pagination: &tidemark_core::spec::Pagination,
     ) -> Result<HttpCheckpoint, Error> {
+        let version = checkpoint.get("v").and_then(Value::as_u64);
+        if version != Some(u64::from(CHECKPOINT_VERSION)) {
+            return Err(mismatch(format!(
+                "checkpoint version {} is not this build's {CHECKPOINT_VERSION}",
+                version.map_or_else(|| "(none)".to_string(), |v| v.to_string())
+            )));
+        }
         let cp = HttpCheckpoint::deserialize(checkpoint)
             .map_err(|e| mismatch(format!("unreadable checkpoint: {e}")))?;
-        if cp.v != CHECKPOINT_VERSION || cp.kind != CHECKPOINT_KIND {
+        if cp.kind != CHECKPOINT_KIND {
             return Err(mismatch(format!(
-                "unknown checkpoint version {} of kind {:?} (expected version {CHECKPOINT_VERSION} of kind {CHECKPOINT_KIND:?})",
-                cp.v, cp.kind
+                "a checkpoint of kind {:?} is not an HTTP source's",
+                cp.kind
             )));
         }
         match &cp.page {
             None if !cp.done => Err(mismatch("the checkpoint names no page".into())),
+            Some(_) if cp.records > 0 && cp.digest.is_none() => Err(mismatch(
+                "the checkpoint does not say which records it handed out".into(),
+            )),
             Some(at) if !paging::same_style(pagination, &at.request) => Err(mismatch(format!(
                 "it was written with another pagination style than the configured {:?}",
                 paging::style_name(pagination)
@@ -384,6 +506,10 @@ struct OpenPage {
     /// An error met while reading ahead: returned by the next `fill`, so
     /// the full batch before it is still committed.
     deferred: Option<Error>,
+    /// The hash of the first `hashed` records handed out: what a
+    /// checkpoint inside this page names them by.
+    hasher: Xxh3,
+    hashed: u64,
 }
 
 impl OpenPage {
@@ -424,17 +550,31 @@ impl OpenPage {
         Ok(record)
     }
 
-    /// Skips the `n` records a checkpoint says were handed out already.
+    /// Skips the `n` records a checkpoint says were handed out already,
+    /// hashing them as [`absorb`](OpenPage::absorb) did.
     fn skip(&mut self, n: u64) -> Result<(), Error> {
         for _ in 0..n {
-            if self.take()?.is_none() {
+            let Some(record) = self.take()? else {
                 return Err(mismatch(format!(
                     "page {} ({}) now has {} records, but the checkpoint is after record {n}",
                     self.at.number, self.resource, self.consumed
                 )));
-            }
+            };
+            absorb_record(&mut self.hasher, &record);
         }
+        self.hashed = self.consumed;
         Ok(())
+    }
+
+    /// Hashes the records of this page handed out since the last call:
+    /// the end of `batch`. Called only when a batch ends inside the page,
+    /// so a page read within one batch is never hashed.
+    fn absorb(&mut self, batch: &[RawRecord]) {
+        let new = usize::try_from(self.consumed - self.hashed).unwrap_or(usize::MAX);
+        for record in &batch[batch.len().saturating_sub(new)..] {
+            absorb_record(&mut self.hasher, record);
+        }
+        self.hashed = self.consumed;
     }
 
     /// Counts the remaining records, keeping the first.
@@ -445,10 +585,11 @@ impl OpenPage {
     }
 
     /// The page after this exhausted one.
-    fn after(&self, pagination: &tidemark_core::spec::Pagination) -> Option<PageAt> {
+    fn after(&self, pagination: &Pagination) -> Option<PageAt> {
         let request = match &self.continuation {
             Continuation::Known(next) => next.clone(),
             Continuation::ByCount => {
+                self.warn_if_capped(pagination);
                 paging::after_count(pagination, &self.at.request, self.consumed)
             }
         };
@@ -457,6 +598,52 @@ impl OpenPage {
             request,
         })
     }
+}
+
+impl OpenPage {
+    /// A first page shorter than `size` ends the period; that is right for
+    /// a small period, but a server that caps its page size below `size`
+    /// looks the same and its later pages would never be read. There is no
+    /// telling the two apart from one page, so the operator is told.
+    fn warn_if_capped(&self, pagination: &Pagination) {
+        let Pagination::Page {
+            size: Some(size), ..
+        } = pagination
+        else {
+            return;
+        };
+        if self.at.number == 1 && self.consumed > 0 && self.consumed < *size {
+            warn!(
+                page = 1,
+                size = *size,
+                records = self.consumed,
+                url = %self.resource,
+                "the first page has {} records, fewer than pagination.size = {size}: it is read as the last page; \
+                 if the server caps its page size below {size}, set size to that cap, or later records are never read",
+                self.consumed
+            );
+        }
+    }
+}
+
+/// Feeds one record into a page's hash: its content, not its text (a JSON
+/// record is hashed as serialized), so the hash is the same whenever the
+/// page hands out the same records.
+fn absorb_record(hasher: &mut Xxh3, record: &RawRecord) {
+    match &record.data {
+        RawData::Json(value) => {
+            let text = serde_json::to_vec(value).unwrap_or_default();
+            hasher.update(&text);
+        }
+        RawData::Csv { row, .. } => {
+            for field in row {
+                hasher.update(&(field.len() as u64).to_le_bytes());
+                hasher.update(field.as_bytes());
+            }
+        }
+        RawData::Malformed { raw, .. } => hasher.update(raw.as_bytes()),
+    }
+    hasher.update(b"\n");
 }
 
 /// Runs CPU-bound work on tokio's blocking pool, inside the caller's span.

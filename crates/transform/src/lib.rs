@@ -156,8 +156,12 @@ impl Transformer {
         &self.key_indices
     }
 
-    /// Types one raw record.
+    /// Types one raw record. A row the reader could not decode fails with
+    /// the reader's error, so it is rejected like any invalid row.
     pub fn transform(&self, record: &RawRecord) -> Result<Row, Error> {
+        if let Some(error) = record.decode_error() {
+            return Err(error.clone());
+        }
         let from_csv = matches!(record.data, RawData::Csv { .. });
         let values = self
             .columns

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use tidemark_core::{Error, Origin, RawData, RawRecord};
+use xxhash_rust::xxh3::Xxh3;
 
-use super::{io_error, parse_error, strip_bom};
+use super::{io_error, json_kind, parse_error, strip_bom};
 
 /// A parsed JSON file's (or HTTP page's) records.
 pub(crate) struct JsonCursor {
@@ -25,14 +26,16 @@ impl JsonCursor {
     /// Reads and parses the file and takes the array at `pointer` (`""`:
     /// the whole document). Anything but an array there is a parse error:
     /// treating a missing or mistyped array as "no records" could make a
-    /// broken export look like an empty period.
+    /// broken export look like an empty period. The whole file is consumed
+    /// here, so `hasher` comes back having hashed all of it.
     pub(super) fn open(
         mut file: File,
         resource: Arc<str>,
         pointer: &str,
-    ) -> Result<JsonCursor, Error> {
-        let doc = parse_document(&mut file, &resource)?;
-        JsonCursor::from_document(doc, resource, pointer)
+        mut hasher: Xxh3,
+    ) -> Result<(JsonCursor, Xxh3), Error> {
+        let doc = parse_document(&mut file, &resource, &mut hasher)?;
+        Ok((JsonCursor::from_document(doc, resource, pointer)?, hasher))
     }
 
     /// Takes the array at `pointer` out of an already parsed document.
@@ -58,7 +61,7 @@ impl JsonCursor {
                 None,
                 format!(
                     "records pointer {shown} points to {}, not an array",
-                    kind(&other)
+                    json_kind(&other)
                 ),
             )),
             None => Err(parse_error(
@@ -70,20 +73,32 @@ impl JsonCursor {
         }
     }
 
-    /// The next record, or `None` when the array is exhausted.
+    /// The next record, or `None` when the array is exhausted. An element
+    /// that is not an object is a bad row (a reject under `max_rejects`),
+    /// kept as its JSON text.
     pub(crate) fn next_record(&mut self) -> Result<Option<RawRecord>, Error> {
         let Some(value) = self.records.next() else {
             return Ok(None);
         };
         self.record += 1;
+        let origin = Origin {
+            resource: Arc::clone(&self.resource),
+            page: None,
+            record: self.record,
+            line: None,
+        };
+        if !value.is_object() {
+            let why = format!(
+                "record is not a JSON object: element {} of the records array is {}",
+                self.record,
+                json_kind(&value)
+            );
+            let error = parse_error(&self.resource, Some(self.record), None, why);
+            return Ok(Some(RawRecord::malformed(value.to_string(), error, origin)));
+        }
         Ok(Some(RawRecord {
             data: RawData::Json(value),
-            origin: Origin {
-                resource: Arc::clone(&self.resource),
-                page: None,
-                record: self.record,
-                line: None,
-            },
+            origin,
         }))
     }
 }
@@ -91,10 +106,11 @@ impl JsonCursor {
 /// Reads the file to its end, never relying on its size (a FIFO has
 /// none), and parses it.
 /// The raw bytes are dropped as soon as the document is built.
-fn parse_document(file: &mut File, resource: &str) -> Result<Value, Error> {
+fn parse_document(file: &mut File, resource: &str, hasher: &mut Xxh3) -> Result<Value, Error> {
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
         .map_err(|e| io_error("cannot read", resource, &e))?;
+    hasher.update(&bytes);
     serde_json::from_slice(strip_bom(&bytes)).map_err(|e| {
         parse_error(
             resource,
@@ -103,15 +119,4 @@ fn parse_document(file: &mut File, resource: &str) -> Result<Value, Error> {
             format!("invalid JSON: {e}"),
         )
     })
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }

@@ -170,9 +170,15 @@ path = "exports/{period.start:%Y/%m/%d}/orders*.csv""#,
             (b.clone(), 1, Some(2))
         ]
     );
+    let mut checkpoint = batch.checkpoint.clone();
+    let consumed = checkpoint["consumed"].take();
     assert_eq!(
-        batch.checkpoint,
-        json!({"v": 1, "kind": "file", "file_index": 1, "file": b, "records": 1})
+        checkpoint,
+        json!({"v": 2, "kind": "file", "file_index": 1, "file": b, "records": 1, "consumed": null})
+    );
+    assert!(
+        consumed.as_str().is_some_and(|h| h.len() == 16),
+        "the content identity is 16 hex digits: {consumed}"
     );
     assert!(reader.next_batch().await.unwrap().is_none());
 }
@@ -207,10 +213,12 @@ async fn resuming_from_every_checkpoint_yields_exactly_the_rest() {
     for format in ["csv", "ndjson", "json"] {
         let dir = tempfile::tempdir().unwrap();
         write_two_files(dir.path(), format, &["a1", "a2", "a3"], &["b1", "b2"]);
-        write(
-            &dir.path().join(format!("data/c.{format}")),
-            if format == "json" { "[]" } else { "" },
-        );
+        let empty = match format {
+            "json" => "[]",
+            "csv" => "id,n\n",
+            _ => "",
+        };
+        write(&dir.path().join(format!("data/c.{format}")), empty);
         let p = pipeline(
             dir.path(),
             &format!("format = \"{format}\"\npath = \"data/*.{format}\""),
@@ -266,51 +274,147 @@ path = "data/a.csv""#,
     }
 }
 
+/// The malformed record's raw text and its error's location and message.
+fn malformed(record: &RawRecord) -> (String, tidemark_core::Location, String) {
+    match &record.data {
+        RawData::Malformed { raw, error } => {
+            let (location, message) = parse_location((**error).clone());
+            (raw.clone(), location, message)
+        }
+        other => panic!("expected a malformed record, got {other:?}"),
+    }
+}
+
+/// The error the first batch of `content` (in `data/a.csv`) fails with.
+async fn csv_document_error(content: &[u8], missing: &str) -> Error {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("data/a.csv"), content);
+    let source = format!("format = \"csv\"\npath = \"data/a.csv\"\nmissing = \"{missing}\"");
+    let p = pipeline(dir.path(), &source, 10);
+    match open(&p, None).await {
+        Ok(mut reader) => reader.next_batch().await.unwrap_err(),
+        Err(err) => err,
+    }
+}
+
 #[tokio::test]
-async fn malformed_csv_rows_are_parse_errors_naming_file_and_line() {
+async fn bad_csv_rows_are_malformed_records_naming_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("data/a.csv");
-    write(&file, "id,total\nA,1\n\"B\nB\",2\nC,3,extra\nD,4\n");
+    write(&file, "id,total\nA,1\n\"B\nB\",2\nC,3,extra\nD\nE,5\n");
     let p = pipeline(
         dir.path(),
         r#"format = "csv"
 path = "data/a.csv""#,
         10,
     );
-    let mut reader = open(&p, None).await.unwrap();
-    let err = reader.next_batch().await.unwrap_err();
-    assert_eq!(err.class(), ErrorClass::Parse);
-    assert!(!err.is_transient());
-    let (location, message) = parse_location(err.clone());
+    let batch = open(&p, None)
+        .await
+        .unwrap()
+        .next_batch()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(batch.records.len(), 5, "bad rows are records too");
+    assert_eq!(batch.checkpoint["records"], json!(5));
+    let (raw, location, message) = malformed(&batch.records[2]);
+    assert_eq!(raw, "C,3,extra");
     assert_eq!(location.resource, file.display().to_string());
     assert_eq!((location.record, location.line), (Some(3), Some(5)));
     assert!(
         message.contains("3 fields") && message.contains("has 2"),
         "{message}"
     );
-    assert_eq!(
-        reader.next_batch().await.unwrap_err().to_string(),
-        err.to_string(),
-        "the reader stays failed"
-    );
+    let (raw, location, _) = malformed(&batch.records[3]);
+    assert_eq!((raw.as_str(), location.line), ("D", Some(6)));
+    assert_eq!(id(&batch.records[4]), "E");
 
-    write(&file, b"id,total\nA,1\nB,\xff\n".as_slice());
-    let err = open(&p, None)
+    write(&file, b"id,total\r\nA,1\r\nB,caf\xe9\r\n".as_slice());
+    let batch = open(&p, None)
         .await
         .unwrap()
         .next_batch()
         .await
-        .unwrap_err();
-    let (location, message) = parse_location(err);
-    assert_eq!((location.record, location.line), (Some(2), Some(3)));
-    assert!(message.contains("UTF-8"), "{message}");
+        .unwrap()
+        .unwrap();
+    let (raw, location, message) = malformed(&batch.records[1]);
+    assert_eq!(
+        (location.record, location.line),
+        (Some(2), Some(3)),
+        "CRLF lines"
+    );
+    assert_eq!(raw, "B,caf\u{fffd}");
+    assert_eq!(message, "invalid UTF-8 in column `total`: \"caf\\xE9\"");
 }
 
 #[tokio::test]
-async fn ndjson_skips_blank_lines_and_reports_bad_lines() {
+async fn broken_csv_documents_are_parse_errors() {
+    let (location, message) = parse_location(
+        csv_document_error(
+            b"id,amount,note\n1,10,ok\n2,20,\"he said \n3,30,fine\n4,40,fine\n",
+            "error",
+        )
+        .await,
+    );
+    assert_eq!((location.record, location.line), (Some(2), Some(3)));
+    assert!(
+        message.contains("unterminated quoted field") && message.contains("line 3"),
+        "{message}"
+    );
+    let (location, message) = parse_location(
+        csv_document_error(b"id,note\r\n1,\"a\r\nb\",\"c\r\n2,x\r\n", "error").await,
+    );
+    assert_eq!(
+        location.line,
+        Some(3),
+        "the quote opens after a field spanning lines 2-3: {message}"
+    );
+    let (location, message) =
+        parse_location(csv_document_error(b"id,\"note\n1,x\n", "error").await);
+    assert_eq!(
+        (location.record, location.line),
+        (None, Some(1)),
+        "{message}"
+    );
+
+    let (location, message) =
+        parse_location(csv_document_error(b"id,amount,note\n1,10,ok\n2,2", "error").await);
+    assert_eq!((location.record, location.line), (Some(2), Some(3)));
+    assert!(message.contains("cut"), "{message}");
+
+    let (location, message) = parse_location(csv_document_error(b"", "error").await);
+    assert_eq!(location.line, Some(1));
+    assert!(message.contains("no header row"), "{message}");
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("data/a.csv"), b"");
+    let p = pipeline(
+        dir.path(),
+        "format = \"csv\"\npath = \"data/a.csv\"\nmissing = \"empty\"",
+        10,
+    );
+    assert!(read_all(&mut open(&p, None).await.unwrap())
+        .await
+        .is_empty());
+
+    let (location, message) =
+        parse_location(csv_document_error(b"id,n,id\n1,2,3\n", "error").await);
+    assert_eq!(location.line, Some(1));
+    assert!(message.contains("`id` 2 times (columns 1, 3)"), "{message}");
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("data/a.csv"), b"id,n,n\n1,2,3\n");
+    let p = pipeline(dir.path(), "format = \"csv\"\npath = \"data/a.csv\"", 10);
+    let batches = read_all(&mut open(&p, None).await.unwrap()).await;
+    assert_eq!(ids(&batches), ["1"], "a column no field reads may repeat");
+}
+
+#[tokio::test]
+async fn ndjson_skips_blank_lines_and_hands_on_bad_lines() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("data/a.ndjson");
-    write(&file, "\u{feff}{\"id\":1}\n\n   \r\n{\"id\":2}\r\n[3]\n");
+    write(
+        &file,
+        b"\xef\xbb\xbf{\"id\":1}\n\n   \r\n{\"id\":2}\r\n[3]\nNaN\n{\"id\": 4,}\n{\"id\":\"\xc3\"}\n\"s\"\n{\"id\":5}".as_slice(),
+    );
     let p = pipeline(
         dir.path(),
         r#"format = "ndjson"
@@ -329,29 +433,47 @@ path = "data/*.ndjson""#,
         .iter()
         .map(|r| (r.origin.record, r.origin.line))
         .collect();
-    assert_eq!(origins, [(1, Some(1)), (2, Some(4)), (3, Some(5))]);
     assert_eq!(
-        batch.records[2].to_json(),
-        json!([3]),
-        "non-object records pass through"
+        origins,
+        [
+            (1, Some(1)),
+            (2, Some(4)),
+            (3, Some(5)),
+            (4, Some(6)),
+            (5, Some(7)),
+            (6, Some(8)),
+            (7, Some(9)),
+            (8, Some(10))
+        ]
     );
-
-    write(&file, "{\"id\":1}\n\n{\"id\": 2,}\n");
-    let (location, message) = parse_location(
-        open(&p, None)
-            .await
-            .unwrap()
-            .next_batch()
-            .await
-            .unwrap_err(),
-    );
+    let (raw, location, message) = malformed(&batch.records[2]);
+    assert_eq!((raw.as_str(), location.line), ("[3]", Some(5)));
     assert_eq!(
-        (location.resource, location.record, location.line),
-        (file.display().to_string(), Some(2), Some(3))
+        message,
+        "record is not a JSON object: the line holds an array"
     );
+    let (raw, _, message) = malformed(&batch.records[3]);
+    assert_eq!(raw, "NaN");
     assert!(message.starts_with("invalid JSON at column"), "{message}");
+    let (raw, location, _) = malformed(&batch.records[4]);
+    assert_eq!(
+        (raw.as_str(), location.resource),
+        ("{\"id\": 4,}", file.display().to_string())
+    );
+    let (_, _, message) = malformed(&batch.records[5]);
+    assert!(
+        message.contains("UTF-8") && message.contains("\\xC3"),
+        "{message}"
+    );
+    let (_, _, message) = malformed(&batch.records[6]);
+    assert!(message.contains("a string"), "{message}");
+    assert_eq!(
+        id(&batch.records[7]),
+        "5",
+        "a last line without a newline is fine"
+    );
 
-    write(&file, b"{\"id\":\"\xc3\"}\n".as_slice());
+    write(&file, "{\"id\":1}\n{\"id\": 2, \"no");
     let (location, message) = parse_location(
         open(&p, None)
             .await
@@ -360,8 +482,8 @@ path = "data/*.ndjson""#,
             .await
             .unwrap_err(),
     );
-    assert_eq!(location.line, Some(1));
-    assert!(message.contains("UTF-8"), "{message}");
+    assert_eq!((location.record, location.line), (Some(2), Some(2)));
+    assert!(message.contains("cut"), "{message}");
 }
 
 #[tokio::test]
@@ -486,12 +608,18 @@ async fn checkpoints_that_do_not_fit_the_files_are_invariant_errors() {
     let p = pipeline(dir.path(), "format = \"csv\"\npath = \"data/*.csv\"", 10);
     let a = dir.path().join("data/a.csv").display().to_string();
     let b = dir.path().join("data/b.csv").display().to_string();
+    let full = read_all(&mut open(&p, None).await.unwrap()).await;
+    let good = full[0].1.clone();
+    assert_eq!(good["records"], json!(1), "the only batch ends after b1");
+    let consumed = good["consumed"].clone();
     let bad = [
-        json!({"v": 1, "kind": "file", "file_index": 0, "file": b, "records": 1}),
-        json!({"v": 1, "kind": "file", "file_index": 2, "file": b, "records": 1}),
-        json!({"v": 1, "kind": "file", "file_index": 0, "file": a, "records": 3}),
-        json!({"v": 2, "kind": "file", "file_index": 0, "file": a, "records": 1}),
-        json!({"v": 1, "kind": "http", "file_index": 0, "file": a, "records": 1}),
+        json!({"v": 2, "kind": "file", "file_index": 0, "file": b, "records": 1, "consumed": consumed}),
+        json!({"v": 2, "kind": "file", "file_index": 2, "file": b, "records": 1, "consumed": consumed}),
+        json!({"v": 2, "kind": "file", "file_index": 0, "file": a, "records": 3, "consumed": consumed}),
+        json!({"v": 2, "kind": "file", "file_index": 1, "file": b, "records": 1, "consumed": "0123456789abcdef"}),
+        json!({"v": 1, "kind": "file", "file_index": 1, "file": b, "records": 1}),
+        json!({"v": 3, "kind": "file", "file_index": 1, "file": b, "records": 1, "consumed": consumed}),
+        json!({"v": 2, "kind": "http", "file_index": 1, "file": b, "records": 1, "consumed": consumed}),
         json!({"page": 3}),
     ];
     for checkpoint in &bad {
@@ -505,14 +633,57 @@ async fn checkpoints_that_do_not_fit_the_files_are_invariant_errors() {
             other => panic!("{checkpoint}: expected an invariant error, got {other:?}"),
         }
     }
-    let at_end = json!({"v": 1, "kind": "file", "file_index": 1, "file": b, "records": 1});
-    assert!(open(&p, Some(&at_end))
+    assert!(open(&p, Some(&good))
         .await
         .unwrap()
         .next_batch()
         .await
         .unwrap()
         .is_none());
+}
+
+/// A checkpoint names the content it was written after: a file rewritten
+/// between a crash and the resume (a new first row; the same size with
+/// another value; an earlier file of the period) does not fit it, while
+/// records added after the checkpoint do.
+#[tokio::test]
+async fn checkpoints_do_not_fit_content_that_changed_before_them() {
+    for format in ["csv", "ndjson", "json"] {
+        let dir = tempfile::tempdir().unwrap();
+        write_two_files(dir.path(), format, &["a1", "a2"], &["b1", "b2", "b3"]);
+        let p = pipeline(
+            dir.path(),
+            &format!("format = \"{format}\"\npath = \"data/*.{format}\""),
+            3,
+        );
+        let full = read_all(&mut open(&p, None).await.unwrap()).await;
+        let after_b1 = full[0].1.clone();
+        assert_eq!(
+            (after_b1["file_index"].clone(), after_b1["records"].clone()),
+            (json!(1), json!(1))
+        );
+        let fits = |cp: Checkpoint| {
+            let p = p.clone();
+            async move { open(&p, Some(&cp)).await.map(|_| ()) }
+        };
+        let rewrites: [(&[&str], &[&str], bool); 5] = [
+            (&["a1", "a2"], &["b1", "b2", "b3"], true),
+            (&["a1", "a2"], &["b1", "b2", "b3", "b4"], format != "json"),
+            (&["a1", "a2"], &["b0", "b1", "b2", "b3"], false),
+            (&["a1", "a2"], &["b9", "b2", "b3"], false),
+            (&["a1", "a9"], &["b1", "b2", "b3"], false),
+        ];
+        for (a, b, expected) in rewrites {
+            write_two_files(dir.path(), format, a, b);
+            match fits(after_b1.clone()).await {
+                Ok(()) => assert!(expected, "{format}: {a:?} {b:?} should not fit"),
+                Err(Error::Invariant(why)) => {
+                    assert!(!expected, "{format}: {a:?} {b:?} should fit: {why}")
+                }
+                Err(other) => panic!("{format}: {other:?}"),
+            }
+        }
+    }
 }
 
 #[tokio::test]

@@ -1,11 +1,14 @@
 //! Decoding one page's body into records, with the file reader's parsers
 //! (the same `RawData`, the same rules for CSV headers, NDJSON lines and
-//! JSON record pointers).
+//! JSON record pointers, the same bad rows).
 //!
-//! A body that ends in the middle of a JSON document or NDJSON line is a
-//! truncated response, not bad data: it is reported as a transient source
-//! error so the request is tried again. A body that is complete but cannot
-//! be decoded is a permanent parse error naming the page and the position.
+//! The body reaching this module arrived whole: the transport already
+//! failed (transiently) any body shorter than declared, a broken chunked
+//! stream and a reset. So a body that cannot be decoded, a JSON document or
+//! an NDJSON last line that stops mid-value included, is a permanent parse
+//! error naming the page and the position. When the server answered with a
+//! web page (`Content-Type: text/html`, as proxies and login walls do), the
+//! message says so and quotes the start of the body.
 
 use std::io;
 use std::sync::Arc;
@@ -14,26 +17,30 @@ use serde_json::error::Category;
 use serde_json::Value;
 use tidemark_core::spec::Pagination;
 use tidemark_core::{Error, Location, RawRecord};
+use xxhash_rust::xxh3::Xxh3;
 
 use super::paging::{self, Continuation, PageRequest};
-use crate::file::csv_file::CsvCursor;
+use crate::file::csv_file::{CsvCursor, CsvRules};
 use crate::file::json_file::JsonCursor;
 use crate::file::ndjson_file::NdjsonCursor;
 use crate::file::strip_bom;
+
+/// Bytes of a body quoted in a message about it.
+const QUOTED_BYTES: usize = 80;
 
 /// How the source's pages are decoded.
 #[derive(Debug, Clone)]
 pub(crate) enum Decoder {
     Json { pointer: String },
     Ndjson,
-    Csv { delimiter: u8 },
+    Csv(Arc<CsvRules>),
 }
 
 /// The records of one page, decoded lazily where the format allows.
 pub(crate) enum Records {
     Json(JsonCursor),
-    Ndjson(NdjsonCursor<io::Cursor<Vec<u8>>>),
-    Csv(CsvCursor<io::Cursor<Vec<u8>>>),
+    Ndjson(Box<NdjsonCursor<io::Cursor<Vec<u8>>>>),
+    Csv(Box<CsvCursor<io::Cursor<Vec<u8>>>>),
     /// `204 No Content`.
     Empty,
 }
@@ -51,11 +58,12 @@ pub(crate) struct PageInput {
     /// The page's 1-based number within the period.
     pub(crate) number: u64,
     pub(crate) pagination: Pagination,
-    pub(crate) request: PageRequest,
     /// The sealed `rel="next"` URL, if the response had one.
     pub(crate) next_link: Option<String>,
     /// `204 No Content`: no body to decode.
     pub(crate) no_content: bool,
+    /// The response's `Content-Type`.
+    pub(crate) content_type: Option<String>,
 }
 
 impl Decoder {
@@ -68,12 +76,13 @@ impl Decoder {
                 continuation: continuation(input, None)?,
             });
         }
+        let resource = Arc::clone(&input.resource);
         let records = match self {
             Decoder::Json { pointer } => {
                 let doc = parse_json(&body, input)?;
                 drop(body);
                 let continuation = continuation(input, Some(&doc))?;
-                let cursor = JsonCursor::from_document(doc, Arc::clone(&input.resource), pointer)
+                let cursor = JsonCursor::from_document(doc, resource, pointer)
                     .map_err(|e| at_page(e, input.number))?;
                 return Ok(Decoded {
                     records: Records::Json(cursor),
@@ -81,20 +90,20 @@ impl Decoder {
                 });
             }
             Decoder::Ndjson => {
+                refuse_html(&body, input, "ndjson")?;
                 check_last_line(&body, input)?;
-                Records::Ndjson(NdjsonCursor::new(
-                    io::Cursor::new(body),
-                    Arc::clone(&input.resource),
+                let cursor = io::Cursor::new(body);
+                Records::Ndjson(Box::new(NdjsonCursor::new(cursor, resource, Xxh3::new())))
+            }
+            Decoder::Csv(rules) => {
+                refuse_html(&body, input, "csv")?;
+                let cursor = io::Cursor::new(body);
+                let rules = Arc::clone(rules);
+                Records::Csv(Box::new(
+                    CsvCursor::open(cursor, resource, rules, Xxh3::new())
+                        .map_err(|e| at_page(e, input.number))?,
                 ))
             }
-            Decoder::Csv { delimiter } => Records::Csv(
-                CsvCursor::open(
-                    io::Cursor::new(body),
-                    Arc::clone(&input.resource),
-                    *delimiter,
-                )
-                .map_err(|e| at_page(e, input.number))?,
-            ),
         };
         Ok(Decoded {
             records,
@@ -115,34 +124,74 @@ impl Records {
         let mut record = next.map_err(|e| at_page(e, page))?;
         if let Some(record) = &mut record {
             record.origin.page = Some(page);
+            if let tidemark_core::RawData::Malformed { error, .. } = &mut record.data {
+                **error = at_page((**error).clone(), page);
+            }
         }
         Ok(record)
     }
 }
 
-/// Parses a JSON page, telling a body cut short from a malformed one.
+/// Parses a JSON page. The body is complete (see the module
+/// documentation), so every failure is a parse error.
 fn parse_json(body: &[u8], input: &PageInput) -> Result<Value, Error> {
-    let text = strip_bom(body);
-    serde_json::from_slice(text).map_err(|e| {
-        let blank = text.iter().all(u8::is_ascii_whitespace);
-        if e.classify() == Category::Eof && !blank {
-            truncated(input, &e)
-        } else {
-            Error::Parse {
-                location: Location {
-                    resource: input.resource.to_string(),
-                    page: Some(input.number),
-                    record: None,
-                    line: Some(u64::try_from(e.line()).unwrap_or(u64::MAX)),
-                },
-                message: format!("invalid JSON: {e}"),
-            }
-        }
+    serde_json::from_slice(strip_bom(body)).map_err(|e| Error::Parse {
+        location: Location {
+            resource: input.resource.to_string(),
+            page: Some(input.number),
+            record: None,
+            line: Some(u64::try_from(e.line()).unwrap_or(u64::MAX)),
+        },
+        message: format!("invalid JSON{}: {e}", not_json_hint(body, input)),
     })
 }
 
-/// An NDJSON body whose last line has no newline and stops mid-value was
-/// cut short. (A complete last line without a newline is fine.)
+/// ` (the response's Content-Type is text/html; it starts with "…")` when
+/// the server did not even claim to send JSON, else nothing.
+fn not_json_hint(body: &[u8], input: &PageInput) -> String {
+    match &input.content_type {
+        Some(ty) if !ty.to_ascii_lowercase().contains("json") => format!(
+            " (the response's Content-Type is {ty}; it starts with {})",
+            quote_start(body)
+        ),
+        _ => String::new(),
+    }
+}
+
+/// A web page where records were expected: a proxy's error page or a login
+/// wall answering `200`. Decoded as CSV it would yield nonsense rows, as
+/// NDJSON one bad line each, so the page is refused whole.
+fn refuse_html(body: &[u8], input: &PageInput, format: &str) -> Result<(), Error> {
+    let html = input
+        .content_type
+        .as_deref()
+        .is_some_and(|ty| ty.to_ascii_lowercase().contains("html"));
+    let markup = strip_bom(body).trim_ascii_start().starts_with(b"<");
+    if !(html && markup) {
+        return Ok(());
+    }
+    Err(Error::Parse {
+        location: page_location(input),
+        message: format!(
+            "the response is a web page, not {format}: its Content-Type is {} and it starts with {}",
+            input.content_type.as_deref().unwrap_or_default(),
+            quote_start(body)
+        ),
+    })
+}
+
+/// The first bytes of a body, on one line, quoted.
+fn quote_start(body: &[u8]) -> String {
+    let start = &strip_bom(body)[..body.len().min(QUOTED_BYTES)];
+    let text = String::from_utf8_lossy(start);
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let more = if body.len() > QUOTED_BYTES { "…" } else { "" };
+    format!("{text:?}{more}")
+}
+
+/// An NDJSON body whose last line has no newline and stops mid-value is a
+/// cut document, not a bad row: the page is refused before any of its
+/// records is handed out. (A complete last line without a newline is fine.)
 fn check_last_line(body: &[u8], input: &PageInput) -> Result<(), Error> {
     if body.ends_with(b"\n") {
         return Ok(());
@@ -152,19 +201,32 @@ fn check_last_line(body: &[u8], input: &PageInput) -> Result<(), Error> {
         return Ok(());
     }
     match serde_json::from_slice::<serde::de::IgnoredAny>(strip_bom(last)) {
-        Err(e) if e.classify() == Category::Eof => Err(truncated(input, &e)),
+        Err(e) if e.classify() == Category::Eof => Err(Error::Parse {
+            location: Location {
+                line: Some(body.iter().filter(|&&b| b == b'\n').count() as u64 + 1),
+                ..page_location(input)
+            },
+            message: format!(
+                "the response is cut: its last line stops in the middle of a JSON value{}",
+                not_json_hint(body, input)
+            ),
+        }),
         _ => Ok(()),
     }
 }
 
-fn truncated(input: &PageInput, err: &serde_json::Error) -> Error {
-    Error::source_transient(format!(
-        "{} page {}: the response body ends in the middle of a value (truncated response): {err}",
-        input.resource, input.number
-    ))
+fn page_location(input: &PageInput) -> Location {
+    Location {
+        resource: input.resource.to_string(),
+        page: Some(input.number),
+        record: None,
+        line: None,
+    }
 }
 
 /// The continuation known from the page itself (cursor and link styles).
+/// A repeated cursor or link is caught by the reader, which knows every
+/// request of the period.
 fn continuation(input: &PageInput, doc: Option<&Value>) -> Result<Continuation, Error> {
     let fail = |why: String| {
         Error::source_permanent(format!("{} page {}: {why}", input.resource, input.number))
@@ -173,27 +235,18 @@ fn continuation(input: &PageInput, doc: Option<&Value>) -> Result<Continuation, 
         Pagination::None => Ok(Continuation::Known(None)),
         Pagination::Page { .. } | Pagination::Offset { .. } => Ok(Continuation::ByCount),
         Pagination::Cursor { cursor, .. } => match doc {
-            Some(doc) => paging::after_cursor(cursor, &input.request, doc)
+            Some(doc) => paging::after_cursor(cursor, doc)
                 .map(Continuation::Known)
                 .map_err(fail),
             // 204 No Content: no body, no cursor, no more pages.
             None => Ok(Continuation::Known(None)),
         },
-        Pagination::LinkHeader => {
-            let next = input.next_link.clone();
-            if let (Some(next), PageRequest::LinkHeader { url: Some(current) }) =
-                (&next, &input.request)
-            {
-                if next == current {
-                    return Err(fail(
-                        "the rel=\"next\" link points to this page again; stopping instead of looping".into(),
-                    ));
-                }
-            }
-            Ok(Continuation::Known(
-                next.map(|url| PageRequest::LinkHeader { url: Some(url) }),
-            ))
-        }
+        Pagination::LinkHeader => Ok(Continuation::Known(
+            input
+                .next_link
+                .clone()
+                .map(|url| PageRequest::LinkHeader { url: Some(url) }),
+        )),
     }
 }
 

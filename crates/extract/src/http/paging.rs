@@ -11,7 +11,7 @@ use tidemark_core::spec::Pagination;
 
 /// The request for one page: everything that distinguishes it from the
 /// other pages of the period.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "style", rename_all = "snake_case")]
 pub(crate) enum PageRequest {
     /// `style = "none"`: the only request.
@@ -29,7 +29,8 @@ pub(crate) enum PageRequest {
     /// `style = "cursor"`: `None` is the first request, sent without the
     /// cursor parameter.
     Cursor {
-        /// The cursor the previous page returned.
+        /// The cursor the previous page returned, *sealed* like a link URL
+        /// (a server may build its cursors from the request, key included).
         cursor: Option<String>,
     },
     /// `style = "link_header"`: `None` is the configured URL; later pages
@@ -181,14 +182,10 @@ pub(crate) fn after_count(
 }
 
 /// For the cursor style: the request after a page whose body is `doc`.
-/// A missing, `null` or empty cursor ends the period; a cursor equal to the
-/// one just sent would loop forever and is an error, as is a cursor that is
-/// not a string or number.
-pub(crate) fn after_cursor(
-    pointer: &str,
-    current: &PageRequest,
-    doc: &Value,
-) -> Result<Option<PageRequest>, String> {
+/// A missing, `null` or empty cursor ends the period; a cursor that is not
+/// a string or number is an error. (A cursor seen before in the period is
+/// the reader's to refuse.)
+pub(crate) fn after_cursor(pointer: &str, doc: &Value) -> Result<Option<PageRequest>, String> {
     let next = match doc.pointer(pointer) {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(s)) if s.is_empty() => return Ok(None),
@@ -201,11 +198,6 @@ pub(crate) fn after_cursor(
             ))
         }
     };
-    if matches!(current, PageRequest::Cursor { cursor: Some(c) } if *c == next) {
-        return Err(format!(
-            "the server returned the cursor it was sent ({next:?}) as the next cursor; stopping instead of looping"
-        ));
-    }
     Ok(Some(PageRequest::Cursor { cursor: Some(next) }))
 }
 

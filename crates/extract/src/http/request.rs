@@ -1,9 +1,18 @@
 //! One source's requests: built from the templates, sent under the shared
 //! rate limit, classified as transient or permanent, and retried.
 //!
-//! Every message that leaves this module has gone through
-//! [`Secrets::redact`], including the client library's own error texts,
-//! which may quote the request URL.
+//! The URL shown for a request (in logs, errors and record origins) is
+//! built from the templates rendered with `***` in place of every `${ENV}`
+//! value, so where a secret sits is known, not guessed. Every message that
+//! leaves this module has also gone through [`Secrets::redact`], including
+//! the client library's own error texts and whatever the server sent back.
+//!
+//! A body is read to its end, or to `max_page_bytes` (counted after gzip
+//! decoding), whichever comes first; a larger page is a permanent error.
+//! Whether the body arrived whole is the transport's call: a body shorter
+//! than its `Content-Length`, a broken chunked stream or a reset connection
+//! fails here as transient, so anything the decoder later refuses was
+//! received complete and is a parse error, never retried.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -11,7 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use governor::DefaultDirectRateLimiter;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, LINK, RETRY_AFTER};
+use reqwest::header::{
+    HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, LINK, RETRY_AFTER,
+};
 use reqwest::{Client, Response, StatusCode, Url};
 use tidemark_core::spec::{Format, HttpSourceSpec, Pagination};
 use tidemark_core::template::{Template, TemplateContext};
@@ -37,14 +48,21 @@ pub(crate) struct Fetcher {
     client: Client,
     /// The rendered `url` (may hold secrets; never shown as is).
     base: Url,
+    /// The `url` rendered with `***` for secrets, when that parses as a URL.
+    shown_base: Option<Url>,
     /// The rendered `query`, in file order.
     query: Vec<(String, String)>,
+    /// The `query` rendered with `***` for secrets.
+    shown_query: Vec<(String, String)>,
     /// The rendered `headers`; those read from `${ENV}` are marked sensitive.
     headers: HeaderMap,
     pagination: Pagination,
     secrets: Secrets,
     limiter: Option<Arc<DefaultDirectRateLimiter>>,
     retry: RetryPolicy,
+    /// `max_page_bytes`, and its key for messages.
+    max_page_bytes: u64,
+    limit_key: String,
 }
 
 /// A successful (2xx) response, read to its end.
@@ -53,6 +71,8 @@ pub(crate) struct Fetched {
     pub(crate) status: StatusCode,
     /// The whole (decompressed) body.
     pub(crate) body: Vec<u8>,
+    /// The `Content-Type`, when the server sent one.
+    pub(crate) content_type: Option<String>,
     /// The `rel="next"` link, resolved against the response URL.
     pub(crate) next_link: Option<Url>,
 }
@@ -95,7 +115,12 @@ impl Fetcher {
         Ok(Fetcher {
             client,
             base: r.url(&url, &secrets)?,
+            shown_base: Url::parse(&url.render_redacted(&r.ctx)).ok(),
             query: r.query(&query)?,
+            shown_query: query
+                .iter()
+                .map(|(name, template)| (name.clone(), template.render_redacted(&r.ctx)))
+                .collect(),
             headers: r.headers(&headers)?,
             pagination: spec.pagination.clone(),
             secrets,
@@ -103,6 +128,8 @@ impl Fetcher {
                 .rate_limit
                 .and_then(|limit| limiter::shared(&pipeline.spec.name, &spec.id, limit)),
             retry: pipeline.retry,
+            max_page_bytes: spec.max_page_bytes.as_u64(),
+            limit_key: format!("sources.{}.max_page_bytes", spec.id),
         })
     }
 
@@ -121,13 +148,30 @@ impl Fetcher {
         if let PageRequest::LinkHeader { url: Some(sealed) } = request {
             return self.link_url(sealed);
         }
-        let mut url = self.base.clone();
-        let params = paging::query_params(&self.pagination, request);
-        if !self.query.is_empty() || !params.is_empty() {
-            url.query_pairs_mut()
-                .extend_pairs(self.query.iter().chain(params.iter()));
-        }
-        Ok(url)
+        let params = paging::query_params(&self.pagination, request)
+            .into_iter()
+            .map(|(name, value)| (name, self.secrets.unseal(&value)));
+        Ok(with_query(self.base.clone(), &self.query, params))
+    }
+
+    /// The URL of `request` as it may be shown. Built from the redacted
+    /// templates; a URL that came from the server (a `Link`), or a base
+    /// whose redacted form is no URL (a secret in the host), is the real
+    /// one redacted instead.
+    pub(crate) fn show(&self, request: &PageRequest) -> Result<String, Error> {
+        let shown_base = match (request, &self.shown_base) {
+            (PageRequest::LinkHeader { url: Some(_) }, _) | (_, None) => None,
+            (_, Some(base)) => Some(base),
+        };
+        let Some(base) = shown_base else {
+            let url = self.url(request)?;
+            return Ok(self.secrets.redact(url.as_str()).into_owned());
+        };
+        let params = paging::query_params(&self.pagination, request)
+            .into_iter()
+            .map(|(name, value)| (name, self.secrets.show_sealed(&value)));
+        let url = with_query(base.clone(), &self.shown_query, params);
+        Ok(self.secrets.redact(url.as_str()).into_owned())
     }
 
     /// A `rel="next"` URL as given by the server, plus any configured query
@@ -151,11 +195,6 @@ impl Fetcher {
         Ok(url)
     }
 
-    /// `url` as it may be shown: secrets replaced by `***`.
-    pub(crate) fn show(&self, url: &Url) -> String {
-        self.secrets.redact(url.as_str()).into_owned()
-    }
-
     /// One GET of `url`, after waiting for the rate limit. Errors are
     /// classified: connect/timeout/reset/truncated body, 408, 429 and 5xx
     /// are transient (with the server's `Retry-After`), anything else
@@ -177,14 +216,42 @@ impl Fetcher {
             return Err(self.status_error(shown, response).await);
         }
         let next_link = self.next_link(shown, &response)?;
-        let body = read_body(response)
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let body = read_body(response, self.max_page_bytes)
             .await
-            .map_err(|e| self.transport_error(shown, "reading the response body failed", e))?;
+            .map_err(|e| self.body_error(shown, e))?;
         Ok(Fetched {
             status,
             body,
+            content_type,
             next_link,
         })
+    }
+
+    fn body_error(&self, shown: &str, err: BodyError) -> Error {
+        match err {
+            BodyError::Transport(e) => {
+                self.transport_error(shown, "reading the response body failed", e)
+            }
+            BodyError::TooLarge { announced } => {
+                let limit = self.max_page_bytes;
+                let seen = if announced {
+                    "its Content-Length announces"
+                } else {
+                    "it goes on past"
+                };
+                let message = format!(
+                    "GET {shown}: the page is larger than {} = {limit} bytes ({}): {seen} that; \
+                     raise the limit if pages of this source really are this large",
+                    self.limit_key,
+                    tidemark_core::spec::ByteSize::b(limit).to_string_as(true)
+                );
+                Error::source_permanent(self.secrets.redact(&message).into_owned())
+            }
+        }
     }
 
     fn next_link(&self, shown: &str, response: &Response) -> Result<Option<Url>, Error> {
@@ -439,15 +506,48 @@ fn accept(format: Format) -> &'static str {
     }
 }
 
-/// Reads a body to its end. A body shorter than its `Content-Length`, or a
-/// chunked body cut off, fails here (and is retried as transient).
-async fn read_body(mut response: Response) -> Result<Vec<u8>, reqwest::Error> {
-    let announced = response
-        .content_length()
+/// `url` with the configured query pairs and then the pagination's added;
+/// no `?` when there are none.
+fn with_query(
+    mut url: Url,
+    query: &[(String, String)],
+    params: impl Iterator<Item = (String, String)>,
+) -> Url {
+    let params: Vec<(String, String)> = params.collect();
+    if !query.is_empty() || !params.is_empty() {
+        url.query_pairs_mut()
+            .extend_pairs(query.iter().chain(params.iter()));
+    }
+    url
+}
+
+/// Why a body could not be read.
+enum BodyError {
+    /// Cut short (shorter than its `Content-Length`, a broken chunked
+    /// stream, a reset): transient.
+    Transport(reqwest::Error),
+    /// Over `max_page_bytes`, as announced or as read.
+    TooLarge { announced: bool },
+}
+
+/// Reads a body to its end, never holding more than `limit` bytes: an
+/// announced length over the limit fails before reading, and an endless or
+/// decompressing body fails as soon as it passes the limit. The chunks are
+/// decoded ones (gzip), so the limit applies to the decompressed size.
+async fn read_body(mut response: Response, limit: u64) -> Result<Vec<u8>, BodyError> {
+    let announced = response.content_length();
+    if announced.is_some_and(|n| n > limit) {
+        return Err(BodyError::TooLarge { announced: true });
+    }
+    let capacity = announced
         .and_then(|n| usize::try_from(n).ok())
-        .unwrap_or(0);
-    let mut body = Vec::with_capacity(announced.min(MAX_PREALLOCATE));
-    while let Some(chunk) = response.chunk().await? {
+        .unwrap_or(0)
+        .min(MAX_PREALLOCATE);
+    let mut body = Vec::with_capacity(capacity);
+    while let Some(chunk) = response.chunk().await.map_err(BodyError::Transport)? {
+        if (body.len() + chunk.len()) as u64 > limit {
+            return Err(BodyError::TooLarge { announced: false });
+        }
         body.extend_from_slice(&chunk);
     }
     Ok(body)

@@ -152,7 +152,7 @@ fn offset_style_advances_by_records_received() {
 #[test]
 fn cursor_style_follows_the_pointer_until_it_is_gone() {
     let first = PageRequest::Cursor { cursor: None };
-    let next = |doc: Value| paging::after_cursor("/meta/next", &first, &doc);
+    let next = |doc: Value| paging::after_cursor("/meta/next", &doc);
     assert_eq!(
         next(json!({"meta": {"next": "abc"}})),
         Ok(Some(PageRequest::Cursor {
@@ -174,11 +174,6 @@ fn cursor_style_follows_the_pointer_until_it_is_gone() {
     let same = PageRequest::Cursor {
         cursor: Some("abc".into()),
     };
-    assert!(
-        paging::after_cursor("/next", &same, &json!({"next": "abc"}))
-            .unwrap_err()
-            .contains("looping")
-    );
     let cursor = Pagination::Cursor {
         cursor: "/next".into(),
         param: "after".into(),
@@ -226,6 +221,53 @@ fn secrets_are_redacted_in_every_form_and_sealed_reversibly() {
         format!("https://x/?k={encoded}&raw=s3cr et+/")
     );
     assert!(!format!("{secrets:?}").contains("s3cr"));
+}
+
+#[test]
+fn secrets_are_found_in_any_spelling_and_mix_of_spellings() {
+    let secret = "my secret\"+%/t\u{f6}k";
+    let mut secrets = Secrets::default();
+    secrets.add("KEY", secret);
+    let spellings = [
+        secret.to_string(),
+        "my+secret%22%2B%25%2Ft%C3%B6k".to_string(), // form-encoded
+        "my%20secret%22%2B%25%2Ft%C3%B6k".to_string(), // percent, upper case
+        "my%20secret%22%2b%25%2ft%c3%b6k".to_string(), // percent, lower case
+        "my%20secret%22+%/t%C3%b6k".to_string(),     // a server's own mix
+        "my%2520secret%2522%252B%2525%252Ft%25C3%25B6k".to_string(), // encoded twice
+        "my secret\\\"+%\\/t\\u00f6k".to_string(),   // JSON
+        "my secret\\\"+%/t\\u{f6}k".to_string(),     // Rust debug
+        format!("{secret:?}").trim_matches('"').to_string(),
+    ];
+    for spelled in &spellings {
+        let text = format!("GET http://h/404/{spelled}/x?k={spelled}: HTTP 404");
+        assert_eq!(
+            secrets.redact(&text),
+            "GET http://h/404/***/x?k=***: HTTP 404",
+            "{spelled}"
+        );
+        let sealed = secrets.seal(&text);
+        assert!(
+            !sealed.contains("secret") && !sealed.contains("t%"),
+            "{sealed}"
+        );
+        assert_eq!(
+            secrets.show_sealed(&sealed),
+            "GET http://h/404/***/x?k=***: HTTP 404"
+        );
+    }
+    // The forms a URL builder writes come back exactly; any other spelling
+    // comes back percent-encoded, which a URL decoder reads the same.
+    for exact in &spellings[..4] {
+        assert_eq!(secrets.unseal(&secrets.seal(exact)), *exact);
+    }
+    assert_eq!(secrets.unseal(&secrets.seal(&spellings[4])), spellings[2]);
+    // Text around a secret, and text that only starts like one, stays.
+    assert_eq!(
+        secrets.redact("my secret\"+% is not it"),
+        "my secret\"+% is not it"
+    );
+    assert_eq!(secrets.redact("tök"), "tök");
 }
 
 // ------------------------------------------------- reader against a server
@@ -418,6 +460,7 @@ fn id(record: &RawRecord) -> i64 {
     match &record.data {
         RawData::Json(v) => v["id"].as_i64().unwrap(),
         RawData::Csv { row, .. } => row[0].parse().unwrap(),
+        RawData::Malformed { raw, error } => panic!("malformed record {raw:?}: {error}"),
     }
 }
 
@@ -451,29 +494,47 @@ async fn batches_span_pages_and_checkpoints_name_the_page_in_progress() {
     let cp = |i: usize| batches[i].1.clone();
     assert_eq!(
         cp(0),
-        json!({"v": 1, "kind": "http", "page": {"number": 1, "style": "page", "page": 1}, "records": 2})
+        json!({"v": 2, "kind": "http", "page": {"number": 1, "style": "page", "page": 1}, "records": 2, "digest": digest(&[1, 2])})
     );
     assert_eq!(
         cp(1),
-        json!({"v": 1, "kind": "http", "page": {"number": 2, "style": "page", "page": 2}, "records": 1})
+        json!({"v": 2, "kind": "http", "page": {"number": 2, "style": "page", "page": 2}, "records": 1, "digest": digest(&[4])})
     );
     // Page 2 ended with the batch: the checkpoint already names page 3.
     assert_eq!(
         cp(2),
-        json!({"v": 1, "kind": "http", "page": {"number": 3, "style": "page", "page": 3}, "records": 0})
+        json!({"v": 2, "kind": "http", "page": {"number": 3, "style": "page", "page": 3}, "records": 0})
     );
     assert_eq!(
         cp(3),
-        json!({"v": 1, "kind": "http", "done": true, "records": 0})
+        json!({"v": 2, "kind": "http", "done": true, "records": 0})
     );
     assert_eq!(server.hits().len(), 3, "page 3 is short: no fourth request");
+}
+
+/// The hash a checkpoint names the records `{"id": N}` of a page by.
+fn digest(ids: &[i64]) -> String {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for id in ids {
+        let record = RawRecord {
+            data: RawData::Json(json!({ "id": id })),
+            origin: tidemark_core::Origin {
+                resource: Arc::from("x"),
+                page: None,
+                record: 1,
+                line: None,
+            },
+        };
+        absorb_record(&mut hasher, &record);
+    }
+    format!("{:016x}", hasher.digest())
 }
 
 #[tokio::test]
 async fn resuming_fetches_only_the_page_in_progress() {
     let server = Server::start(seven_in_pages_of_three).await;
     let p = pipeline(&paged_source(&server), 2);
-    let resume = json!({"v": 1, "kind": "http", "page": {"number": 2, "style": "page", "page": 2}, "records": 1});
+    let resume = json!({"v": 2, "kind": "http", "page": {"number": 2, "style": "page", "page": 2}, "records": 1, "digest": digest(&[4])});
     let batches = drain(&mut open(&p, Some(&resume)).await.unwrap())
         .await
         .unwrap();
@@ -494,7 +555,7 @@ async fn resuming_fetches_only_the_page_in_progress() {
 async fn resuming_after_the_last_page_fetches_nothing() {
     let server = Server::start(seven_in_pages_of_three).await;
     let p = pipeline(&paged_source(&server), 2);
-    let done = json!({"v": 1, "kind": "http", "done": true, "records": 0});
+    let done = json!({"v": 2, "kind": "http", "done": true, "records": 0});
     assert!(open(&p, Some(&done))
         .await
         .unwrap()
@@ -509,10 +570,20 @@ async fn resuming_after_the_last_page_fetches_nothing() {
 async fn checkpoints_that_do_not_fit_are_invariant_errors() {
     let server = Server::start(seven_in_pages_of_three).await;
     let p = pipeline(&paged_source(&server), 2);
-    let file_cp = json!({"v": 1, "kind": "file", "file_index": 0, "file": "a", "records": 1});
-    let other_style = json!({"v": 1, "kind": "http", "page": {"number": 1, "style": "offset", "offset": 0}, "records": 0});
-    let past_the_end = json!({"v": 1, "kind": "http", "page": {"number": 3, "style": "page", "page": 3}, "records": 5});
-    for cp in [file_cp, other_style, past_the_end] {
+    let file_cp = json!({"v": 2, "kind": "file", "file_index": 0, "file": "a", "records": 1});
+    let other_style = json!({"v": 2, "kind": "http", "page": {"number": 1, "style": "offset", "offset": 0}, "records": 0});
+    let past_the_end = json!({"v": 2, "kind": "http", "page": {"number": 3, "style": "page", "page": 3}, "records": 5, "digest": digest(&[7])});
+    let older = json!({"v": 1, "kind": "http", "page": {"number": 2, "style": "page", "page": 2}, "records": 1});
+    let no_digest = json!({"v": 2, "kind": "http", "page": {"number": 2, "style": "page", "page": 2}, "records": 1});
+    let changed = json!({"v": 2, "kind": "http", "page": {"number": 2, "style": "page", "page": 2}, "records": 1, "digest": digest(&[5])});
+    for cp in [
+        file_cp,
+        other_style,
+        past_the_end,
+        older,
+        no_digest,
+        changed,
+    ] {
         let err = open(&p, Some(&cp)).await.unwrap_err();
         assert!(matches!(err, Error::Invariant(_)), "{cp}: {err:?}");
     }
@@ -561,7 +632,6 @@ async fn transient_failures_are_retried_and_truncation_counts_as_one() {
     let server = Server::start(move |_, nth| match nth {
         1 => Reply::Status(503, vec![("retry-after".into(), "0".into())], "busy".into()),
         2 => Reply::Truncated(body.clone()),
-        3 => Reply::CloseDelimited(body.clone()),
         _ => ok(body.clone()),
     })
     .await;
@@ -573,7 +643,27 @@ async fn transient_failures_are_retried_and_truncation_counts_as_one() {
     p.retry.max_attempts = 4;
     let batches = drain(&mut open(&p, None).await.unwrap()).await.unwrap();
     assert_eq!(batches[0].0, [1, 2]);
-    assert_eq!(server.hits().len(), 4);
+    assert_eq!(server.hits().len(), 3);
+}
+
+/// A body the transport delivered whole is decoded as it is: a JSON
+/// document cut inside (complete per `Content-Length`, or ended by the
+/// server closing a connection that declared no length) is bad data, not
+/// a failed transfer, and is never retried.
+#[tokio::test]
+async fn a_complete_body_with_cut_json_is_a_parse_error_after_one_request() {
+    for reply in [
+        ok("[{\"id\":1},{\"id\":"),
+        Reply::CloseDelimited("[{\"id\":1},{\"id\":2}]xx".into()),
+    ] {
+        let server = Server::start(move |_, _| reply.clone()).await;
+        let source = format!("url = \"{}/o\"\nformat = \"json\"", server.base);
+        let err = drain(&mut open(&pipeline(&source, 10), None).await.unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Parse, "{err}");
+        assert_eq!(server.hits().len(), 1, "{err}");
+    }
 }
 
 #[tokio::test]
@@ -672,6 +762,44 @@ async fn csv_pages_and_an_empty_period() {
         .await
         .unwrap()
         .is_empty());
+}
+
+/// A CSV page that ends inside a quoted field breaks the page like a file;
+/// a row with the wrong number of fields is a malformed record, and an
+/// NDJSON line that is not JSON too, each located by its page.
+#[tokio::test]
+async fn csv_and_ndjson_pages_keep_the_file_rules() {
+    let server = Server::start(|target, _| match target {
+        "/open" => ok("id,note\n1,ok\n2,\"he said\n3,x\n"),
+        "/rows" => ok("id,note\n1,ok\n2\n3,x\n"),
+        _ => ok("{\"id\":1}\nNaN\n{\"id\":3}\n"),
+    })
+    .await;
+    let csv = |path: &str| format!("url = \"{}{path}\"\nformat = \"csv\"", server.base);
+    let err = drain(&mut open(&pipeline(&csv("/open"), 10), None).await.unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Parse);
+    let message = err.to_string();
+    assert!(
+        message.contains("page 1") && message.contains("line 3"),
+        "{message}"
+    );
+    for (path, format, line) in [("/rows", "csv", 3), ("/nd", "ndjson", 2)] {
+        let source = format!("url = \"{}{path}\"\nformat = \"{format}\"", server.base);
+        let mut reader = open(&pipeline(&source, 10), None).await.unwrap();
+        let batch = reader.next_batch().await.unwrap().unwrap();
+        assert_eq!(batch.records.len(), 3, "{path}");
+        match &batch.records[1].data {
+            RawData::Malformed { error, .. } => {
+                let message = error.to_string();
+                let at = format!("page 1 row 2 (line {line})");
+                assert!(message.contains(&at), "{message}");
+            }
+            other => panic!("{path}: expected a malformed record, got {other:?}"),
+        }
+    }
+    assert_eq!(server.hits().len(), 3, "nothing was retried");
 }
 
 #[tokio::test]
