@@ -238,7 +238,7 @@ impl Job {
                 Ok(batch) => batch,
                 // The stored checkpoint no longer fits the source (files changed):
                 // start the period over; committed rows stay and are reconciled.
-                Err(Error::Invariant(why)) if !received && committed.is_some() => {
+                Err(Error::StaleCheckpoint(why)) if !received && committed.is_some() => {
                     tracing::warn!(%why, "checkpoint no longer matches the source; starting the period over");
                     let run_id = retry(&pipeline.retry, "restart the period", || {
                         self.store.restart_fresh(&run.lease)

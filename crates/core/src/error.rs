@@ -141,6 +141,12 @@ pub enum Error {
     /// A safety rail refused the work.
     #[error("{0}")]
     Invariant(String),
+    /// A stored checkpoint no longer fits the source (the files were
+    /// regenerated, the page changed, the pagination style was edited): the
+    /// attempt cannot resume from it and starts the period over instead.
+    /// Not a failure of the run unless it happens without a checkpoint.
+    #[error("{0}")]
+    StaleCheckpoint(String),
     /// The source could not be read.
     #[error("{message}")]
     Source {
@@ -183,7 +189,9 @@ impl Error {
             Error::Validation { .. } => ErrorClass::Validation,
             Error::Parse { .. } => ErrorClass::Parse,
             Error::Contract { .. } => ErrorClass::Contract,
-            Error::Invariant(_) | Error::LeaseLost(_) => ErrorClass::Invariant,
+            Error::Invariant(_) | Error::StaleCheckpoint(_) | Error::LeaseLost(_) => {
+                ErrorClass::Invariant
+            }
             Error::Source { .. } => ErrorClass::Source,
             Error::Database { .. } | Error::Storage { .. } => ErrorClass::Database,
         }

@@ -83,7 +83,7 @@ impl FileReader {
     /// the start, or just after `resume`.
     ///
     /// Fails with a permanent source error when nothing matches and
-    /// `missing = "error"`, and with [`Error::Invariant`] when `resume` does
+    /// `missing = "error"`, and with [`Error::StaleCheckpoint`] when `resume` does
     /// not fit the files now matched (the caller then starts the period
     /// over).
     pub async fn open(
@@ -592,7 +592,7 @@ impl Position {
 }
 
 fn checkpoint_mismatch(why: String) -> Error {
-    Error::Invariant(format!(
+    Error::StaleCheckpoint(format!(
         "checkpoint does not match the source's files: {why}"
     ))
 }

@@ -105,7 +105,7 @@ impl HttpReader {
     /// errors. When `resume` is inside a page, that page is fetched again
     /// here; if it no longer has the records the checkpoint counted, or
     /// the checkpoint is of another kind or pagination style, the error is
-    /// [`Error::Invariant`] and the caller starts the period over.
+    /// [`Error::StaleCheckpoint`] and the caller starts the period over.
     pub async fn open(
         pipeline: &Pipeline,
         spec: &HttpSourceSpec,
@@ -490,7 +490,7 @@ impl HttpCheckpoint {
 }
 
 fn mismatch(why: String) -> Error {
-    Error::Invariant(format!("checkpoint does not match the HTTP source: {why}"))
+    Error::StaleCheckpoint(format!("checkpoint does not match the HTTP source: {why}"))
 }
 
 /// A fetched page being handed out.

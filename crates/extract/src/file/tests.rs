@@ -624,7 +624,7 @@ async fn checkpoints_that_do_not_fit_the_files_are_invariant_errors() {
     ];
     for checkpoint in &bad {
         match open(&p, Some(checkpoint)).await.unwrap_err() {
-            Error::Invariant(message) => {
+            Error::StaleCheckpoint(message) => {
                 assert!(
                     message.starts_with("checkpoint does not match the source's files: "),
                     "{message}"
@@ -677,7 +677,7 @@ async fn checkpoints_do_not_fit_content_that_changed_before_them() {
             write_two_files(dir.path(), format, a, b);
             match fits(after_b1.clone()).await {
                 Ok(()) => assert!(expected, "{format}: {a:?} {b:?} should not fit"),
-                Err(Error::Invariant(why)) => {
+                Err(Error::StaleCheckpoint(why)) => {
                     assert!(!expected, "{format}: {a:?} {b:?} should fit: {why}")
                 }
                 Err(other) => panic!("{format}: {other:?}"),

@@ -585,7 +585,7 @@ async fn checkpoints_that_do_not_fit_are_invariant_errors() {
         changed,
     ] {
         let err = open(&p, Some(&cp)).await.unwrap_err();
-        assert!(matches!(err, Error::Invariant(_)), "{cp}: {err:?}");
+        assert!(matches!(err, Error::StaleCheckpoint(_)), "{cp}: {err:?}");
     }
 }
 
