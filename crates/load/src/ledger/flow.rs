@@ -15,7 +15,7 @@ use super::rules::{decide, Decision, Snapshot};
 use super::sql::Statements;
 use super::{
     decode_hashes, new_run_id, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Lease,
-    LedgerEntry,
+    LedgerEntry, RunStatus,
 };
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
@@ -103,7 +103,12 @@ pub(crate) async fn claim<D: Driver>(
         Arg::Int(batches),
     ];
     args.extend(count_args(&counts));
-    args.extend([Arg::Text(&request.handler_version), Arg::Int(run_ref)]);
+    args.extend([
+        Arg::Text(&request.handler_version),
+        Arg::Int(run_ref),
+        Arg::Bool(request.provisional),
+        Arg::Text(&request.fields_fingerprint),
+    ]);
     tx.execute(&s.start_attempt, &args).await?;
     tx.execute(
         &s.insert_attempt,
@@ -131,7 +136,7 @@ pub(crate) async fn claim<D: Driver>(
     })))
 }
 
-fn snapshot(row: &Record) -> Result<Snapshot, Error> {
+pub(super) fn snapshot(row: &Record) -> Result<Snapshot, Error> {
     Ok(Snapshot {
         status: row.state("status")?,
         run_id: row.opt_text("run_id")?,
@@ -142,6 +147,8 @@ fn snapshot(row: &Record) -> Result<Snapshot, Error> {
         lease_live: row.int("lease_live")? == 1,
         checkpoint: row.json("checkpoint")?,
         result: row.json("result")?,
+        handler_version: row.opt_text("handler_version")?,
+        fields_fingerprint: row.opt_text("fields_fingerprint")?,
     })
 }
 
@@ -301,13 +308,14 @@ pub(crate) async fn status<D: Driver>(
 }
 
 fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
+    let status: RunStatus = row.state("status")?;
     Ok(LedgerEntry {
         pipeline: row.text("pipeline")?,
         source: row.text("source")?,
         export_type: row.text("export_type")?,
         period_start: row.text("period_start")?,
         period_end: row.text("period_end")?,
-        status: row.state("status")?,
+        status,
         attempts: row.int("attempt")?,
         run_id: row.opt_text("run_id")?,
         counts: counts_of(row)?,
@@ -316,6 +324,12 @@ fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
         started_at: row.opt_text("started_at")?,
         finished_at: row.opt_text("finished_at")?,
         handler_version: row.opt_text("handler_version")?,
+        // The column is set when an attempt starts; it describes a result
+        // only once there is one.
+        provisional: status == RunStatus::Done && row.int("provisional")? != 0,
+        stale: false,
+        stale_reason: None,
+        fields_fingerprint: row.opt_text("fields_fingerprint")?,
         lease_owner: row.opt_text("lease_owner")?,
         lease_expires_at: row.opt_text("lease_expires_at")?,
     })

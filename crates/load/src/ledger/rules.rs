@@ -16,6 +16,9 @@ pub(crate) struct Snapshot {
     pub lease_live: bool,
     pub checkpoint: Option<serde_json::Value>,
     pub result: Option<serde_json::Value>,
+    /// Handler version and `[fields]` fingerprint the attempt started with.
+    pub handler_version: Option<String>,
+    pub fields_fingerprint: Option<String>,
 }
 
 /// What a claim does with the row it locked.
@@ -37,7 +40,8 @@ pub(crate) enum Decision {
 /// - done and not forced: report the stored result;
 /// - running with a live lease whose holder is not provably dead: held;
 /// - running otherwise (crashed): take over and resume from its checkpoint
-///   unless forced;
+///   unless forced, or unless the pipeline's version or `[fields]` changed
+///   since that attempt started (see [`resumable`]);
 /// - pending, failed, cancelled, or forced: take it and start the period
 ///   fresh (rows already committed stay; unchanged ones are not rewritten).
 pub(crate) fn decide(row: Snapshot, request: &ClaimRequest) -> Decision {
@@ -60,14 +64,25 @@ pub(crate) fn decide(row: Snapshot, request: &ClaimRequest) -> Decision {
             expires_at: row.lease_expires_at.unwrap_or_default(),
         };
     }
-    let resume = match (request.force, row.checkpoint, row.run_id) {
-        (false, Some(cp), Some(run_id)) => Some((cp, run_id)),
+    let same_pipeline = resumable(&row, request);
+    let resume = match (request.force, same_pipeline, row.checkpoint, row.run_id) {
+        (false, true, Some(cp), Some(run_id)) => Some((cp, run_id)),
         _ => None,
     };
     Decision::Take {
         resume,
         previous_lost: true,
     }
+}
+
+/// Whether a stopped attempt's committed batches may be continued: it ran
+/// the same handler version and the same `[fields]` as this claim. Rows
+/// written under other fields (a column added since) would otherwise stay
+/// as they were, never re-read, under a ledger row that records the new
+/// fingerprint and so never looks stale; the period starts over instead.
+pub(crate) fn resumable(row: &Snapshot, request: &ClaimRequest) -> bool {
+    row.handler_version.as_deref() == Some(request.handler_version.as_str())
+        && row.fields_fingerprint.as_deref() == Some(request.fields_fingerprint.as_str())
 }
 
 /// Whether a lease holder is provably dead: it ran on this host, it is not
@@ -130,6 +145,8 @@ mod tests {
         ClaimRequest {
             force,
             handler_version: "1".into(),
+            fields_fingerprint: "id:1".into(),
+            provisional: false,
             worker: me(),
             lease_ttl: Duration::from_secs(30),
         }
@@ -146,6 +163,8 @@ mod tests {
             lease_live: live,
             checkpoint: Some(serde_json::json!({"records": 3})),
             result: None,
+            handler_version: Some("1".into()),
+            fields_fingerprint: Some("id:1".into()),
         }
     }
 
@@ -214,6 +233,29 @@ mod tests {
                 previous_lost: true
             }
         ));
+        // A crashed attempt of another version or other fields starts over.
+        for changed in [
+            Snapshot {
+                handler_version: Some("0".into()),
+                ..running("h2", 1, false)
+            },
+            Snapshot {
+                fields_fingerprint: Some("id:0".into()),
+                ..running("h2", 1, false)
+            },
+            Snapshot {
+                fields_fingerprint: None,
+                ..running("h2", 1, false)
+            },
+        ] {
+            assert_eq!(
+                decide(changed, &request(false)),
+                Decision::Take {
+                    resume: None,
+                    previous_lost: true
+                }
+            );
+        }
         for status in [RunStatus::Pending, RunStatus::Failed, RunStatus::Cancelled] {
             let row = Snapshot {
                 status,
