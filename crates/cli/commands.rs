@@ -5,15 +5,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
-use tidemark_load::{RunStatus, Store, WorkerId};
+use tidemark_load::{Store, WorkerId};
 
 use crate::cli::{
     BackfillArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, StatusArgs, SyncArgs,
     ValidateArgs,
 };
+use crate::dry_run::{self, Target};
 use crate::engine::{Job, Outcome, RunFlags};
 use crate::exit::Exit;
 use crate::output;
+use crate::plan::{self, Ask, Intent, Planned};
 
 /// Runs the command; `Ok(exit)` once something ran.
 pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
@@ -72,6 +74,20 @@ pub fn load_runnable(global: &Global, name: &str) -> Result<Pipeline, Error> {
     Ok(pipeline)
 }
 
+/// Loads a pipeline for `run`, `backfill` or `sync`. A dry run contacts no
+/// source, so an unset `${NAME}` does not stop it; it is reported, because
+/// the real command would stop there (exit 2).
+fn load_for(global: &Global, name: &str, dry_run: bool) -> Result<Pipeline, Error> {
+    if !dry_run {
+        return load_runnable(global, name);
+    }
+    let pipeline = load_pipeline(global, name)?;
+    if let Err(e) = pipeline.check_env() {
+        tell!("warning: {e} (without --dry-run the command would stop here, with exit 2)");
+    }
+    Ok(pipeline)
+}
+
 fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Error> {
     match only {
         None => Ok(pipeline
@@ -92,7 +108,7 @@ fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Er
     }
 }
 
-fn worker() -> WorkerId {
+pub(crate) fn worker() -> WorkerId {
     WorkerId {
         host: gethostname::gethostname().to_string_lossy().into_owned(),
         pid: std::process::id(),
@@ -100,48 +116,69 @@ fn worker() -> WorkerId {
     }
 }
 
+/// The flags a planned run key's job runs with.
+pub(crate) fn flags_of(planned: &Planned, options: &RunOptions, wait: bool) -> RunFlags {
+    RunFlags {
+        force: matches!(planned.intent, Intent::Claim(Some(_))),
+        force_deletes: options.force_deletes,
+        wait,
+        provisional: planned.provisional,
+    }
+}
+
+/// The jobs of a plan: one per run key it claims.
 fn jobs(
     store: &Store,
     pipeline: &Arc<Pipeline>,
-    periods: &[Period],
+    planned: &[Planned],
     options: &RunOptions,
     wait: bool,
-) -> Result<Vec<Job>, Error> {
-    let sources = source_ids(pipeline, options.source.as_deref())?;
+) -> Vec<Job> {
     let worker = worker();
-    let flags = RunFlags {
-        force: options.force,
-        force_deletes: options.force_deletes,
-        wait,
-    };
-    let mut jobs = Vec::new();
-    for period in periods {
-        for source in &sources {
-            jobs.push(Job {
-                store: store.clone(),
-                pipeline: Arc::clone(pipeline),
-                source_id: source.clone(),
-                key: RunKey::new(
-                    &pipeline.spec.name,
-                    source,
-                    &pipeline.spec.export_type,
-                    *period,
-                ),
-                worker: worker.clone(),
-                flags,
-            });
-        }
-    }
-    Ok(jobs)
+    planned
+        .iter()
+        .filter(|p| matches!(p.intent, Intent::Claim(_)))
+        .map(|p| Job {
+            store: store.clone(),
+            pipeline: Arc::clone(pipeline),
+            source_id: p.source.clone(),
+            key: p.key.clone(),
+            worker: worker.clone(),
+            flags: flags_of(p, options, wait),
+        })
+        .collect()
 }
 
 async fn run(global: &Global, args: RunArgs) -> Result<Exit, Error> {
-    let pipeline = Arc::new(load_runnable(global, &args.pipeline)?);
+    let pipeline = Arc::new(load_for(global, &args.pipeline, args.dry_run)?);
     let period = pipeline.period(&args.period)?;
-    source_ids(&pipeline, args.options.source.as_deref())?;
+    let sources = source_ids(&pipeline, args.options.source.as_deref())?;
+    let now = crate::clock::now()?;
+    plan::refuse_open(&pipeline, &[period], "--period", now, args.allow_open)?;
+    let ask = Ask::Periods {
+        periods: vec![period],
+        only: None,
+        force: args.options.force,
+    };
+    if args.dry_run {
+        let target = Target {
+            pipeline,
+            sources,
+            ask,
+        };
+        return dry_run::show(global, &[target], &args.options, now).await;
+    }
     let store = Store::connect(&global.database_url).await?;
+    let planned = plan::plan(Some(&store), &pipeline, &sources, &ask, now).await;
     let mut exits = Vec::new();
-    for job in jobs(&store, &pipeline, &[period], &args.options, args.wait)? {
+    let planned = match planned {
+        Ok(planned) => planned,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    };
+    for job in jobs(&store, &pipeline, &planned, &args.options, args.wait) {
         let key = job.key.clone();
         let outcome = job.run().await;
         output::print_outcome(&key, &outcome);
@@ -206,7 +243,7 @@ pub async fn run_jobs(
 }
 
 async fn backfill(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
-    let pipeline = Arc::new(load_runnable(global, &args.pipeline)?);
+    let pipeline = Arc::new(load_for(global, &args.pipeline, args.dry_run)?);
     let from = pipeline.period_arg("--from", &args.from)?;
     let to = pipeline.period_arg("--to", &args.to)?;
     if to.start() < from.start() {
@@ -217,12 +254,41 @@ async fn backfill(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
         ));
     }
     let periods: Vec<Period> = Period::range_inclusive(from, to).collect();
-    source_ids(&pipeline, args.options.source.as_deref())?;
+    let sources = source_ids(&pipeline, args.options.source.as_deref())?;
+    let now = crate::clock::now()?;
+    plan::refuse_open(&pipeline, &periods, "--to", now, args.allow_open)?;
+    let ask = Ask::Periods {
+        periods,
+        only: args.only,
+        force: args.options.force,
+    };
+    if args.dry_run {
+        let target = Target {
+            pipeline,
+            sources,
+            ask,
+        };
+        return dry_run::show(global, &[target], &args.options, now).await;
+    }
     let store = Store::connect(&global.database_url).await?;
-    let jobs = jobs(&store, &pipeline, &periods, &args.options, false)?;
+    let planned = match plan::plan(Some(&store), &pipeline, &sources, &ask, now).await {
+        Ok(planned) => planned,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    };
+    let jobs = jobs(&store, &pipeline, &planned, &args.options, false);
+    let left = planned.len() - jobs.len();
     let results = run_jobs(jobs, usize::from(args.concurrency), true).await;
     store.close().await;
     output::print_summary(&results);
+    if let Some(only) = args.only {
+        say!(
+            "{left} run key(s) of the range left alone (not {})",
+            only.name()
+        );
+    }
     Ok(Exit::worst(
         results.iter().map(|(_, o)| Exit::of_outcome(o)),
     ))
@@ -230,6 +296,12 @@ async fn backfill(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
 
 /// Every pipeline file in the pipelines folder, loaded and checked.
 pub fn all_pipelines(global: &Global) -> Result<Vec<Pipeline>, Error> {
+    pipelines_in_folder(global, false)
+}
+
+/// [`all_pipelines`], for a dry run without requiring their secrets (see
+/// [`load_for`]).
+fn pipelines_in_folder(global: &Global, dry_run: bool) -> Result<Vec<Pipeline>, Error> {
     let dir = &global.pipelines;
     let entries = std::fs::read_dir(dir).map_err(|e| {
         Error::config(
@@ -245,76 +317,34 @@ pub fn all_pipelines(global: &Global) -> Result<Vec<Pipeline>, Error> {
     paths.sort();
     paths
         .iter()
-        .map(|p| load_runnable(global, &p.display().to_string()))
+        .map(|p| load_for(global, &p.display().to_string(), dry_run))
         .collect()
 }
 
 /// The jobs `sync` runs for one pipeline at `now`: due periods not done
-/// yet, plus the last `lookback` done ones again (forced).
+/// yet, plus forced re-runs of the last `lookback` done ones and of
+/// provisional ones now due (see [`plan`]).
 pub async fn sync_jobs(
     store: &Store,
     pipeline: &Arc<Pipeline>,
     options: &RunOptions,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<Vec<Job>, Error> {
-    let due = pipeline.due_periods(now)?;
-    let entries = crate::engine::retry(&pipeline.retry, "read the ledger", || {
-        store.status(&pipeline.spec.name, None)
-    })
-    .await?;
-    let done: std::collections::HashSet<(String, String)> = entries
-        .into_iter()
-        .filter(|e| e.status == RunStatus::Done && e.export_type == pipeline.spec.export_type)
-        .map(|e| (e.source, e.period_start))
-        .collect();
-    let lookback = usize::try_from(pipeline.spec.period.lookback).unwrap_or(usize::MAX);
-    let worker = worker();
-    let mut jobs = Vec::new();
-    for source in source_ids(pipeline, options.source.as_deref())? {
-        let done_periods: Vec<&Period> = due
-            .iter()
-            .filter(|p| done.contains(&(source.clone(), p.start_rfc3339())))
-            .collect();
-        let again: Vec<Period> = done_periods
-            .iter()
-            .rev()
-            .take(lookback)
-            .map(|p| **p)
-            .collect();
-        for period in &due {
-            let is_done = done.contains(&(source.clone(), period.start_rfc3339()));
-            if is_done && !again.contains(period) && !options.force {
-                continue;
-            }
-            jobs.push(Job {
-                store: store.clone(),
-                pipeline: Arc::clone(pipeline),
-                source_id: source.clone(),
-                key: RunKey::new(
-                    &pipeline.spec.name,
-                    &source,
-                    &pipeline.spec.export_type,
-                    *period,
-                ),
-                worker: worker.clone(),
-                flags: RunFlags {
-                    force: is_done,
-                    force_deletes: options.force_deletes,
-                    wait: false,
-                },
-            });
-        }
-    }
-    Ok(jobs)
+    let sources = source_ids(pipeline, options.source.as_deref())?;
+    let ask = Ask::Sync {
+        force: options.force,
+    };
+    let planned = plan::plan(Some(store), pipeline, &sources, &ask, now).await?;
+    Ok(jobs(store, pipeline, &planned, options, false))
 }
 
 async fn sync(global: &Global, args: SyncArgs) -> Result<Exit, Error> {
     let pipelines = if args.all {
-        all_pipelines(global)?
+        pipelines_in_folder(global, args.dry_run)?
     } else {
         args.names
             .iter()
-            .map(|n| load_runnable(global, n))
+            .map(|n| load_for(global, n, args.dry_run))
             .collect::<Result<Vec<_>, _>>()?
     };
     for pipeline in &pipelines {
@@ -327,11 +357,32 @@ async fn sync(global: &Global, args: SyncArgs) -> Result<Exit, Error> {
         }
         source_ids(pipeline, args.options.source.as_deref())?;
     }
+    let now = crate::clock::now()?;
+    if args.dry_run {
+        let targets = pipelines
+            .into_iter()
+            .map(|pipeline| {
+                Ok(Target {
+                    sources: source_ids(&pipeline, args.options.source.as_deref())?,
+                    pipeline: Arc::new(pipeline),
+                    ask: Ask::Sync {
+                        force: args.options.force,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        return dry_run::show(global, &targets, &args.options, now).await;
+    }
     let store = Store::connect(&global.database_url).await?;
-    let now = chrono::Utc::now();
     let mut jobs = Vec::new();
     for pipeline in pipelines {
-        jobs.extend(sync_jobs(&store, &Arc::new(pipeline), &args.options, now).await?);
+        match sync_jobs(&store, &Arc::new(pipeline), &args.options, now).await {
+            Ok(more) => jobs.extend(more),
+            Err(e) => {
+                store.close().await;
+                return Err(e);
+            }
+        }
     }
     if jobs.is_empty() {
         say!("nothing due: every period up to now is done");
@@ -354,12 +405,15 @@ async fn status(global: &Global, args: StatusArgs) -> Result<Exit, Error> {
         .map(|p| pipeline.period(p))
         .transpose()?;
     let store = Store::connect(&global.database_url).await?;
-    let entries = store
-        .status(
-            &pipeline.spec.name,
-            period.map(|p| p.start_rfc3339()).as_deref(),
-        )
-        .await?;
+    let start = period.map(|p| p.start_rfc3339());
+    let entries = plan::ledger_entries(&store, &pipeline, start.as_deref()).await;
+    let entries = match entries {
+        Ok(entries) => entries,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    };
     if args.json {
         output::print_status_json(&entries);
     } else {

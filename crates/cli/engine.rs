@@ -45,6 +45,21 @@ pub struct RunFlags {
     pub force: bool,
     pub force_deletes: bool,
     pub wait: bool,
+    /// The period is still open (`--allow-open`): recorded as provisional.
+    pub provisional: bool,
+}
+
+/// The claim a run key's job makes: what a real run sends to the ledger
+/// and what a dry run previews, built in this one place.
+pub fn claim_request(pipeline: &Pipeline, flags: &RunFlags, worker: &WorkerId) -> ClaimRequest {
+    ClaimRequest {
+        force: flags.force,
+        handler_version: pipeline.spec.version.clone(),
+        fields_fingerprint: pipeline.fields_fingerprint().as_str().to_string(),
+        provisional: flags.provisional,
+        worker: worker.clone(),
+        lease_ttl: LEASE_TTL,
+    }
 }
 
 /// Everything one run key needs.
@@ -81,12 +96,7 @@ impl Job {
     }
 
     async fn claim(&self) -> Result<Claim, Error> {
-        let request = ClaimRequest {
-            force: self.flags.force,
-            handler_version: self.pipeline.spec.version.clone(),
-            worker: self.worker.clone(),
-            lease_ttl: LEASE_TTL,
-        };
+        let request = claim_request(&self.pipeline, &self.flags, &self.worker);
         let mut waited = false;
         loop {
             let claim = retry(&self.pipeline.retry, "claim", || {

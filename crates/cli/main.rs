@@ -29,10 +29,13 @@ macro_rules! tell {
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 mod cli;
+mod clock;
 mod commands;
+mod dry_run;
 mod engine;
 mod exit;
 mod output;
+mod plan;
 mod prepare;
 mod serve;
 
