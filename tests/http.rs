@@ -2,7 +2,7 @@
 //! binary, a temporary SQLite database, and an in-process HTTP server on
 //! 127.0.0.1 with injectable faults and a log of every request.
 
-mod api;
+pub(crate) mod api;
 mod harness;
 
 mod errors;
