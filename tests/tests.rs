@@ -7,6 +7,7 @@ mod commands;
 mod connections;
 mod coordination;
 mod foundation;
+mod guards;
 mod hardening_extract;
 mod hardening_periods;
 mod http;

@@ -121,6 +121,17 @@ pub struct RunArgs {
     /// result instead of exiting with 75.
     #[arg(long)]
     pub wait: bool,
+
+    /// Run the period although it is still open (its end plus period.lag
+    /// has not passed); it is recorded as provisional and `sync` re-runs it
+    /// once it is due.
+    #[arg(long)]
+    pub allow_open: bool,
+
+    /// Print what would be done for each run key, and why, without reading
+    /// any source or writing anything.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]
@@ -155,6 +166,48 @@ pub struct BackfillArgs {
     #[arg(long, requires = "enqueue", default_value_t = 0, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i64).range(-100_000..=100_000))]
     pub priority: i64,
+
+    /// Only run keys in this state (default: every period not done).
+    #[arg(long, value_enum, conflicts_with = "force")]
+    pub only: Option<Only>,
+
+    /// Run periods that are still open (their end plus period.lag has not
+    /// passed); they are recorded as provisional and `sync` re-runs them
+    /// once they are due.
+    #[arg(long)]
+    pub allow_open: bool,
+
+    /// Print what would be done for each run key, and why, without reading
+    /// any source or writing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `backfill --only`: run keys by their state in the ledger
+/// (docs/ledger.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Only {
+    /// Failed keys: run again from the start.
+    Failed,
+    /// Periods with no ledger row: never run.
+    Missing,
+    /// Done under another handler version or other [fields]: re-run
+    /// (forced); unchanged rows are not written again.
+    Stale,
+    /// Every period, done ones re-run (like --force).
+    All,
+}
+
+impl Only {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Only::Failed => "failed",
+            Only::Missing => "missing",
+            Only::Stale => "stale",
+            Only::All => "all",
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -177,6 +230,11 @@ pub struct SyncArgs {
     /// Periods to run at once.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
+
+    /// Print what would be done for each run key, and why, without reading
+    /// any source or writing anything.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]

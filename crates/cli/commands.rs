@@ -11,9 +11,11 @@ use crate::cli::{
     BackfillArgs, CancelArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, StatusArgs,
     SyncArgs, ValidateArgs,
 };
+use crate::dry_run::{self, Target};
 use crate::engine::{Context, Job, Outcome, RunFlags};
 use crate::exit::Exit;
 use crate::output;
+use crate::plan::{self, Ask, Intent, Planned};
 use crate::shutdown;
 
 /// Runs the command; `Ok(exit)` once something ran. Commands that run
@@ -84,6 +86,20 @@ pub fn load_runnable(global: &Global, name: &str) -> Result<Pipeline, Error> {
     Ok(pipeline)
 }
 
+/// Loads a pipeline for `run`, `backfill` or `sync`. A dry run contacts no
+/// source, so an unset `${NAME}` does not stop it; it is reported, because
+/// the real command would stop there (exit 2).
+fn load_for(global: &Global, name: &str, dry_run: bool) -> Result<Pipeline, Error> {
+    if !dry_run {
+        return load_runnable(global, name);
+    }
+    let pipeline = load_pipeline(global, name)?;
+    if let Err(e) = pipeline.check_env() {
+        tell!("warning: {e} (without --dry-run the command would stop here, with exit 2)");
+    }
+    Ok(pipeline)
+}
+
 fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Error> {
     match only {
         None => Ok(pipeline
@@ -106,7 +122,7 @@ fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Er
 
 /// This process as a lease holder: host, pid and an id of this start, the
 /// same for every run of the process.
-pub fn worker() -> WorkerId {
+pub(crate) fn worker() -> WorkerId {
     static WORKER: std::sync::OnceLock<WorkerId> = std::sync::OnceLock::new();
     WORKER
         .get_or_init(|| WorkerId {
@@ -117,48 +133,69 @@ pub fn worker() -> WorkerId {
         .clone()
 }
 
+/// The flags a planned run key's job runs with.
+pub(crate) fn flags_of(planned: &Planned, options: &RunOptions, wait: bool) -> RunFlags {
+    RunFlags {
+        force: matches!(planned.intent, Intent::Claim(Some(_))),
+        force_deletes: options.force_deletes,
+        wait,
+        provisional: planned.provisional,
+    }
+}
+
+/// The jobs of a plan: one per run key it claims.
 fn jobs(
     store: &Store,
     pipeline: &Arc<Pipeline>,
-    periods: &[Period],
+    planned: &[Planned],
     options: &RunOptions,
     wait: bool,
-) -> Result<Vec<Job>, Error> {
-    let sources = source_ids(pipeline, options.source.as_deref())?;
+) -> Vec<Job> {
     let worker = worker();
-    let flags = RunFlags {
-        force: options.force,
-        force_deletes: options.force_deletes,
-        wait,
-    };
-    let mut jobs = Vec::new();
-    for period in periods {
-        for source in &sources {
-            jobs.push(Job {
-                store: store.clone(),
-                pipeline: Arc::clone(pipeline),
-                source_id: source.clone(),
-                key: RunKey::new(
-                    &pipeline.spec.name,
-                    source,
-                    &pipeline.spec.export_type,
-                    *period,
-                ),
-                worker: worker.clone(),
-                flags,
-            });
-        }
-    }
-    Ok(jobs)
+    planned
+        .iter()
+        .filter(|p| matches!(p.intent, Intent::Claim(_)))
+        .map(|p| Job {
+            store: store.clone(),
+            pipeline: Arc::clone(pipeline),
+            source_id: p.source.clone(),
+            key: p.key.clone(),
+            worker: worker.clone(),
+            flags: flags_of(p, options, wait),
+        })
+        .collect()
 }
 
 async fn run(global: &Global, args: RunArgs, ctx: &Context) -> Result<Exit, Error> {
-    let pipeline = Arc::new(load_runnable(global, &args.pipeline)?);
+    let pipeline = Arc::new(load_for(global, &args.pipeline, args.dry_run)?);
     let period = pipeline.period(&args.period)?;
-    source_ids(&pipeline, args.options.source.as_deref())?;
+    let sources = source_ids(&pipeline, args.options.source.as_deref())?;
+    let now = crate::clock::now()?;
+    plan::refuse_open(&pipeline, &[period], "--period", now, args.allow_open)?;
+    let ask = Ask::Periods {
+        periods: vec![period],
+        only: None,
+        force: args.options.force,
+    };
+    if args.dry_run {
+        let target = Target {
+            pipeline,
+            sources,
+            ask,
+        };
+        return dry_run::show(global, &[target], &args.options, now).await;
+    }
     let store = Store::connect(&global.database_url).await?;
+    let planned = plan::plan(Some(&store), &pipeline, &sources, &ask, now).await;
     let mut exits = Vec::new();
-    for job in jobs(&store, &pipeline, &[period], &args.options, args.wait)? {
+    let planned = match planned {
+        Ok(planned) => planned,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    };
+    for job in jobs(&store, &pipeline, &planned, &args.options, args.wait) {
         let key = job.key.clone();
         let outcome = job.run(ctx).await;
         output::print_outcome(&key, &outcome);
@@ -238,17 +275,55 @@ fn backfill_periods(pipeline: &Pipeline, args: &BackfillArgs) -> Result<Vec<Peri
 }
 
 async fn backfill(global: &Global, args: BackfillArgs, ctx: &Context) -> Result<Exit, Error> {
-    let pipeline = Arc::new(load_runnable(global, &args.pipeline)?);
+    let pipeline = Arc::new(load_for(global, &args.pipeline, args.dry_run)?);
     let periods = backfill_periods(&pipeline, &args)?;
-    source_ids(&pipeline, args.options.source.as_deref())?;
+    let sources = source_ids(&pipeline, args.options.source.as_deref())?;
+    let now = crate::clock::now()?;
+    plan::refuse_open(&pipeline, &periods, "--to", now, args.allow_open)?;
+    let ask = Ask::Periods {
+        periods,
+        only: args.only,
+        force: args.options.force,
+    };
+    if args.dry_run {
+        let target = Target {
+            pipeline,
+            sources,
+            ask,
+        };
+        return dry_run::show(global, &[target], &args.options, now).await;
+    }
     let store = Store::connect(&global.database_url).await?;
-    let jobs = jobs(&store, &pipeline, &periods, &args.options, false)?;
+    let planned = match plan::plan(Some(&store), &pipeline, &sources, &ask, now).await {
+        Ok(planned) => planned,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    };
+    let jobs = jobs(&store, &pipeline, &planned, &args.options, false);
+    let left = planned.len() - jobs.len();
     let results = run_jobs(jobs, usize::from(args.concurrency), true, ctx).await;
     store.close().await;
     output::print_summary(&results);
+    if let Some(only) = args.only {
+        say!(
+            "{left} run key(s) of the range left alone (not {})",
+            only.name()
+        );
+    }
     Ok(Exit::worst(
         results.iter().map(|(_, o)| Exit::of_outcome(o)),
     ))
+}
+
+/// Every pipeline file in the pipelines folder, loaded and checked (for a
+/// dry run without requiring their secrets: see [`load_for`]).
+fn pipelines_in_folder(global: &Global, dry_run: bool) -> Result<Vec<Pipeline>, Error> {
+    pipeline_files(&global.pipelines)?
+        .iter()
+        .map(|p| load_for(global, &p.display().to_string(), dry_run))
+        .collect()
 }
 
 /// The pipeline files (`*.toml`) of a folder, sorted.
@@ -268,70 +343,30 @@ pub fn pipeline_files(dir: &std::path::Path) -> Result<Vec<PathBuf>, Error> {
     Ok(paths)
 }
 
-/// Every pipeline file in the pipelines folder, loaded and checked.
-pub fn all_pipelines(global: &Global) -> Result<Vec<Pipeline>, Error> {
-    pipeline_files(&global.pipelines)?
-        .iter()
-        .map(|p| load_runnable(global, &p.display().to_string()))
-        .collect()
-}
-
-/// The jobs `sync` runs for one pipeline at `now`: due periods never run,
-/// failed ones past their backoff, and the last `lookback` done ones again
-/// (forced). See [`crate::due`].
+/// The jobs `sync` runs for one pipeline at `now`: due periods not done
+/// yet, plus forced re-runs of the last `lookback` done ones and of
+/// provisional ones now due (see [`plan`]).
 pub async fn sync_jobs(
     store: &Store,
     pipeline: &Arc<Pipeline>,
     options: &RunOptions,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<Vec<Job>, Error> {
-    let entries = crate::engine::retry(&pipeline.retry, "read the ledger", || {
-        store.status(&pipeline.spec.name, None)
-    })
-    .await?;
-    let worker = worker();
-    let mut jobs = Vec::new();
-    for source in source_ids(pipeline, options.source.as_deref())? {
-        // `sync --force`: every due period again, done or not.
-        let runs = if options.force {
-            pipeline
-                .due_periods(now)?
-                .into_iter()
-                .map(|p| (p, true))
-                .collect()
-        } else {
-            crate::due::due(pipeline, &source, &entries, now)?.runs()
-        };
-        for (period, forced) in runs {
-            jobs.push(Job {
-                store: store.clone(),
-                pipeline: Arc::clone(pipeline),
-                source_id: source.clone(),
-                key: RunKey::new(
-                    &pipeline.spec.name,
-                    &source,
-                    &pipeline.spec.export_type,
-                    period,
-                ),
-                worker: worker.clone(),
-                flags: RunFlags {
-                    force: forced,
-                    force_deletes: options.force_deletes,
-                    wait: false,
-                },
-            });
-        }
-    }
-    Ok(jobs)
+    let sources = source_ids(pipeline, options.source.as_deref())?;
+    let ask = Ask::Sync {
+        force: options.force,
+    };
+    let planned = plan::plan(Some(store), pipeline, &sources, &ask, now).await?;
+    Ok(jobs(store, pipeline, &planned, options, false))
 }
 
 async fn sync(global: &Global, args: SyncArgs, ctx: &Context) -> Result<Exit, Error> {
     let pipelines = if args.all {
-        all_pipelines(global)?
+        pipelines_in_folder(global, args.dry_run)?
     } else {
         args.names
             .iter()
-            .map(|n| load_runnable(global, n))
+            .map(|n| load_for(global, n, args.dry_run))
             .collect::<Result<Vec<_>, _>>()?
     };
     for pipeline in &pipelines {
@@ -345,10 +380,31 @@ async fn sync(global: &Global, args: SyncArgs, ctx: &Context) -> Result<Exit, Er
         source_ids(pipeline, args.options.source.as_deref())?;
     }
     let now = crate::clock::now()?;
+    if args.dry_run {
+        let targets = pipelines
+            .into_iter()
+            .map(|pipeline| {
+                Ok(Target {
+                    sources: source_ids(&pipeline, args.options.source.as_deref())?,
+                    pipeline: Arc::new(pipeline),
+                    ask: Ask::Sync {
+                        force: args.options.force,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        return dry_run::show(global, &targets, &args.options, now).await;
+    }
     let store = Store::connect(&global.database_url).await?;
     let mut jobs = Vec::new();
     for pipeline in pipelines {
-        jobs.extend(sync_jobs(&store, &Arc::new(pipeline), &args.options, now).await?);
+        match sync_jobs(&store, &Arc::new(pipeline), &args.options, now).await {
+            Ok(more) => jobs.extend(more),
+            Err(e) => {
+                store.close().await;
+                return Err(e);
+            }
+        }
     }
     if jobs.is_empty() {
         say!("nothing due: every period up to now is done");
@@ -363,49 +419,99 @@ async fn sync(global: &Global, args: SyncArgs, ctx: &Context) -> Result<Exit, Er
     ))
 }
 
-/// `backfill --enqueue`: the range goes into the work queue in one
-/// statement per chunk of keys, and the command returns at once.
+/// `backfill --enqueue`: the keys the backfill would take (its plan: the
+/// range, `--only`, `--force`) go into the work queue, one statement per
+/// chunk of keys, and the command returns at once.
 async fn enqueue(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
+    if args.dry_run || args.allow_open {
+        let flag = if args.dry_run {
+            "--dry-run"
+        } else {
+            "--allow-open"
+        };
+        return Err(Error::config(
+            "command line",
+            flag,
+            format!(
+                "{flag} does not go with --enqueue: run the periods directly (without --enqueue)"
+            ),
+        ));
+    }
     // Whoever works the queue needs the source's secrets; queuing does not.
     let pipeline = load_pipeline(global, &args.pipeline)?;
     let periods = backfill_periods(&pipeline, &args)?;
     let sources = source_ids(&pipeline, args.options.source.as_deref())?;
-    let keys: Vec<QueueKey> = periods
-        .iter()
-        .flat_map(|period| {
-            sources.iter().map(|source| QueueKey {
-                source: source.clone(),
-                period_start: period.start_rfc3339(),
-                period_end: period.end_rfc3339(),
-            })
-        })
-        .collect();
-    let requeue: &[RunStatus] = if args.options.force {
-        &[RunStatus::Failed, RunStatus::Cancelled, RunStatus::Done]
-    } else {
-        &[RunStatus::Failed, RunStatus::Cancelled]
+    let now = crate::clock::now()?;
+    // A worker runs a queued key as due: an open period is not queued.
+    plan::refuse_open(&pipeline, &periods, "--to", now, false)?;
+    let ask = Ask::Periods {
+        periods,
+        only: args.only,
+        force: args.options.force,
     };
     let store = Store::connect(&global.database_url).await?;
-    let queued = store
-        .enqueue(&Enqueue {
+    let queued = queue_plan(&store, &pipeline, &sources, &ask, now, args.priority).await;
+    store.close().await;
+    let (queued, considered) = queued?;
+    say!(
+        "queued {queued} run key(s) of pipeline {} at priority {}; {} left as they were (already queued, running{})",
+        pipeline.spec.name,
+        args.priority,
+        considered.saturating_sub(queued),
+        if args.options.force || args.only.is_some() { "" } else { " or done" },
+    );
+    Ok(Exit::Success)
+}
+
+/// Queues what `ask` plans: keys it claims as usual go in fresh (new, or
+/// again if failed or cancelled); keys it forces (`--force`, `--only all`,
+/// `--only stale`) go in even when done. Returns (queued, keys planned).
+async fn queue_plan(
+    store: &Store,
+    pipeline: &Pipeline,
+    sources: &[String],
+    ask: &Ask,
+    now: chrono::DateTime<chrono::Utc>,
+    priority: i64,
+) -> Result<(u64, u64), Error> {
+    let planned = plan::plan(Some(store), pipeline, sources, ask, now).await?;
+    let (mut fresh, mut forced) = (Vec::new(), Vec::new());
+    for p in &planned {
+        let key = QueueKey {
+            source: p.source.clone(),
+            period_start: p.key.period.start_rfc3339(),
+            period_end: p.key.period.end_rfc3339(),
+        };
+        match p.intent {
+            Intent::Claim(None) => fresh.push(key),
+            Intent::Claim(Some(_)) => forced.push(key),
+            Intent::Leave(_) => {}
+        }
+    }
+    let mut queued = 0;
+    for (keys, requeue) in [
+        (&fresh, &[RunStatus::Failed, RunStatus::Cancelled][..]),
+        (
+            &forced,
+            &[RunStatus::Done, RunStatus::Failed, RunStatus::Cancelled][..],
+        ),
+    ] {
+        if keys.is_empty() {
+            continue;
+        }
+        let batch = Enqueue {
             pipeline: &pipeline.spec.name,
             export_type: &pipeline.spec.export_type,
-            keys: &keys,
-            priority: args.priority,
+            keys,
+            priority,
             by: EnqueuedBy::Backfill,
             requeue,
             due_at: None,
-        })
-        .await?;
-    store.close().await;
-    let left = (keys.len() as u64).saturating_sub(queued);
-    say!(
-        "queued {queued} run key(s) of pipeline {} at priority {}; {left} left as they were (already queued, running{})",
-        pipeline.spec.name,
-        args.priority,
-        if args.options.force { "" } else { " or done" },
-    );
-    Ok(Exit::Success)
+        };
+        queued +=
+            crate::engine::retry(&pipeline.retry, "queue keys", || store.enqueue(&batch)).await?;
+    }
+    Ok((queued, (fresh.len() + forced.len()) as u64))
 }
 
 /// `cancel`: pending keys leave the queue; running ones finish.
@@ -429,10 +535,11 @@ async fn cancel(global: &Global, args: CancelArgs) -> Result<Exit, Error> {
             range.as_ref().map(|(from, _)| from.as_str()),
             range.as_ref().map(|(_, to)| to.as_str()),
         )
-        .await?;
+        .await;
     store.close().await;
     say!(
-        "cancelled {cancelled} pending run key(s) of pipeline {}",
+        "cancelled {} pending run key(s) of pipeline {}",
+        cancelled?,
         pipeline.spec.name
     );
     Ok(Exit::Success)
@@ -446,12 +553,15 @@ async fn status(global: &Global, args: StatusArgs) -> Result<Exit, Error> {
         .map(|p| pipeline.period(p))
         .transpose()?;
     let store = Store::connect(&global.database_url).await?;
-    let entries = store
-        .status(
-            &pipeline.spec.name,
-            period.map(|p| p.start_rfc3339()).as_deref(),
-        )
-        .await?;
+    let start = period.map(|p| p.start_rfc3339());
+    let entries = plan::ledger_entries(&store, &pipeline, start.as_deref()).await;
+    let entries = match entries {
+        Ok(entries) => entries,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    };
     if args.json {
         output::print_status_json(&entries);
     } else {

@@ -62,6 +62,26 @@ pub struct RunFlags {
     pub force: bool,
     pub force_deletes: bool,
     pub wait: bool,
+    /// The period is still open (`--allow-open`): recorded as provisional.
+    pub provisional: bool,
+}
+
+/// The claim a run key's job makes: what a real run sends to the ledger
+/// and what a dry run previews, built in this one place.
+pub fn claim_request(
+    pipeline: &Pipeline,
+    flags: &RunFlags,
+    worker: &WorkerId,
+    lease_ttl: Duration,
+) -> ClaimRequest {
+    ClaimRequest {
+        force: flags.force,
+        handler_version: pipeline.spec.version.clone(),
+        fields_fingerprint: pipeline.fields_fingerprint().as_str().to_string(),
+        provisional: flags.provisional,
+        worker: worker.clone(),
+        lease_ttl,
+    }
 }
 
 /// Everything one run key needs.
@@ -110,12 +130,7 @@ impl Job {
     /// The claim, waiting for a held key with `--wait`; `None` when a stop
     /// was asked for while waiting.
     async fn claim(&self, ctx: &Context) -> Result<Option<Claim>, Error> {
-        let request = ClaimRequest {
-            force: self.flags.force,
-            handler_version: self.pipeline.spec.version.clone(),
-            worker: self.worker.clone(),
-            lease_ttl: ctx.lease_ttl,
-        };
+        let request = claim_request(&self.pipeline, &self.flags, &self.worker, ctx.lease_ttl);
         let mut waited = false;
         loop {
             let claim = retry(&self.pipeline.retry, "claim", || {

@@ -148,7 +148,7 @@ pub fn print_status_table(pipeline: &Pipeline, entries: &[LedgerEntry]) {
         return;
     }
     say!(
-        "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8}  {:<24} ERROR",
+        "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8}  {:<24} NOTE",
         "PERIOD START",
         "SOURCE",
         "STATUS",
@@ -162,15 +162,12 @@ pub fn print_status_table(pipeline: &Pipeline, entries: &[LedgerEntry]) {
         "FINISHED"
     );
     for e in entries {
-        let error = match (&e.error_class, &e.error_message) {
-            (Some(class), Some(message)) => format!("{class}: {message}"),
-            _ => String::new(),
-        };
+        let note = note(e);
         say!(
             "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8}  {:<24} {}",
             e.period_start,
             e.source,
-            e.status,
+            e.status.as_str(),
             e.attempts,
             e.counts.rows_read,
             e.counts.rows_inserted,
@@ -179,7 +176,23 @@ pub fn print_status_table(pipeline: &Pipeline, entries: &[LedgerEntry]) {
             e.counts.rows_deleted,
             e.counts.rows_rejected,
             e.finished_at.as_deref().unwrap_or("-"),
-            error
+            note
         );
     }
+}
+
+/// The NOTE of a `status` line: the last error, or for a done key whether
+/// it is provisional or stale (and why).
+fn note(e: &LedgerEntry) -> String {
+    let mut notes = Vec::new();
+    if let (Some(class), Some(message)) = (&e.error_class, &e.error_message) {
+        notes.push(format!("{class}: {message}"));
+    }
+    if e.provisional {
+        notes.push("provisional (done while open)".to_string());
+    }
+    if let Some(reason) = &e.stale_reason {
+        notes.push(format!("stale: {reason}"));
+    }
+    notes.join("; ")
 }

@@ -35,6 +35,7 @@ use crate::cli::{Global, ServeArgs};
 use crate::commands::{load_runnable, pipeline_files, worker};
 use crate::engine::{retry, Context, Job, Outcome, RunFlags};
 use crate::exit::Exit;
+use crate::plan::{self, Ask, Intent};
 
 /// The priority of scheduled keys: a day of head start over backfills
 /// queued at the same time (each point is a minute).
@@ -220,6 +221,7 @@ impl Pipelines {
             .map(|p| QueuePipeline {
                 name: p.spec.name.clone(),
                 handler_version: p.spec.version.clone(),
+                fields_fingerprint: p.fields_fingerprint().as_str().to_string(),
             })
             .collect();
         queue.sort_by(|a, b| a.name.cmp(&b.name));
@@ -245,6 +247,8 @@ async fn work(shared: Arc<Shared>, slot: u16) {
         let request = ClaimRequest {
             force: false,
             handler_version: String::new(),
+            fields_fingerprint: String::new(),
+            provisional: false,
             worker: shared.worker.clone(),
             lease_ttl: shared.ctx.lease_ttl,
         };
@@ -445,24 +449,37 @@ async fn fire_due(
     following
 }
 
-/// Queues what is due for `pipeline` at `now`: never-run and failed
-/// (past their backoff) periods, and the lookback periods again.
+/// Queues what is due for `pipeline` at `now`, as `sync` would run it (the
+/// same plan): never-run periods and failed ones past their backoff fresh,
+/// the forced re-runs (lookback, provisional now due) even though done.
 async fn queue_due(shared: &Shared, pipeline: &Pipeline, now: DateTime<Utc>) -> Result<(), Error> {
     let store = &shared.store;
-    let entries = retry(&pipeline.retry, "read the ledger", || {
-        store.status(&pipeline.spec.name, None)
-    })
+    let sources: Vec<String> = pipeline
+        .spec
+        .sources
+        .iter()
+        .map(|s| s.id().to_string())
+        .collect();
+    let planned = plan::plan(
+        Some(store),
+        pipeline,
+        &sources,
+        &Ask::Sync { force: false },
+        now,
+    )
     .await?;
     let (mut fresh, mut again) = (Vec::new(), Vec::new());
-    for source in &pipeline.spec.sources {
-        let due = crate::due::due(pipeline, source.id(), &entries, now)?;
-        let key = |p: &Period| QueueKey {
-            source: source.id().to_string(),
-            period_start: p.start_rfc3339(),
-            period_end: p.end_rfc3339(),
+    for p in &planned {
+        let key = QueueKey {
+            source: p.source.clone(),
+            period_start: p.key.period.start_rfc3339(),
+            period_end: p.key.period.end_rfc3339(),
         };
-        fresh.extend(due.first_runs.iter().chain(&due.retries).map(key));
-        again.extend(due.again.iter().map(key));
+        match p.intent {
+            Intent::Claim(None) => fresh.push(key),
+            Intent::Claim(Some(_)) => again.push(key),
+            Intent::Leave(_) => {}
+        }
     }
     let mut queued = 0;
     for (keys, requeue) in [

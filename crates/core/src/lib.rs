@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod fingerprint;
 pub mod period;
 pub mod record;
 pub mod run_key;
@@ -14,8 +15,9 @@ pub mod template;
 pub mod value;
 
 pub use error::{Error, ErrorClass, Location, Result};
+pub use fingerprint::FieldsFingerprint;
 pub use period::{Granularity, Period};
 pub use record::{Origin, RawData, RawRecord, RawValue, Selector};
 pub use run_key::RunKey;
 pub use spec::{Pipeline, PipelineSpec, RetryPolicy};
-pub use value::{FieldType, Hash128, KeyMap, KeySet, Row, Value};
+pub use value::{FieldType, Hash128, KeyMap, KeySet, Row, RowShape, Value};

@@ -607,17 +607,26 @@ impl Pipeline {
                 "sync needs the first period: set period.start",
             )
         })?;
-        // `lag` is at most 366 days (checked on load); were it not, a lag
-        // that does not fit would make nothing due, never everything.
-        let Some(horizon) = chrono::Duration::from_std(self.lag)
-            .ok()
-            .and_then(|lag| now.checked_sub_signed(lag))
-        else {
-            return Ok(Vec::new());
-        };
         Ok(std::iter::successors(Some(first), |p| Some(p.next()))
-            .take_while(|p| p.end().with_timezone(&chrono::Utc) <= horizon)
+            .take_while(|p| self.is_due(p, now))
             .collect())
+    }
+
+    /// The instant a period becomes due: its end plus `lag`. `None` only
+    /// for a period so close to the year 9999 that the sum is no time.
+    pub fn due_at(&self, period: &Period) -> Option<chrono::DateTime<chrono::Utc>> {
+        let lag = chrono::Duration::from_std(self.lag).ok()?;
+        period
+            .end()
+            .with_timezone(&chrono::Utc)
+            .checked_add_signed(lag)
+    }
+
+    /// Whether `period` is due at `now` (its end plus `lag` has passed);
+    /// what `sync` runs and what `run`/`backfill` need `--allow-open` for.
+    /// A period whose due time cannot be computed is never due.
+    pub fn is_due(&self, period: &Period, now: chrono::DateTime<chrono::Utc>) -> bool {
+        self.due_at(period).is_some_and(|due| due <= now)
     }
 
     /// The source with this id.

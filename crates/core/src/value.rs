@@ -2,8 +2,15 @@
 //!
 //! The row hash decides whether a row changed, so it must never change for
 //! the same typed values: not across runs, releases or databases. It is
-//! xxh3-128 over a length-prefixed, type-tagged encoding of each value's
-//! canonical text. A test pins its output.
+//! xxh3-128 over each non-NULL value tagged with its column's name and type
+//! (columns in name order, values length-prefixed), so a NULL column hashes
+//! exactly as if the column did not exist: adding a nullable column to a
+//! table leaves every stored row that has no value for it unchanged, and
+//! reordering `[fields]` changes nothing. A test pins its output.
+//!
+//! The natural-key hash is the older encoding (type-tagged values in key
+//! order, NULL marked): a key has no NULLs and never gains columns, and
+//! `_tm_batches` of unfinished runs hold such hashes.
 
 use std::fmt;
 use std::str::FromStr;
@@ -11,7 +18,7 @@ use std::str::FromStr;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, SecondsFormat, Utc};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::xxh3_128;
+use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
 /// The type of an output column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -274,18 +281,58 @@ pub struct Row {
 }
 
 impl Row {
-    /// A row of `values` (typed by `types`, in column order) with its
-    /// hashes; `key` holds the indices of the natural key's columns.
-    pub fn new(types: &[FieldType], key: &[usize], values: Vec<Value>) -> Row {
+    /// A row of `values` (in the column order of `shape`) with its hashes;
+    /// `key` holds the indices of the natural key's columns.
+    pub fn new(shape: &RowShape, key: &[usize], values: Vec<Value>) -> Row {
         let key_hash = key_hash(
             key.iter()
-                .filter_map(|&i| Some((*types.get(i)?, values.get(i)?))),
+                .filter_map(|&i| Some((*shape.types.get(i)?, values.get(i)?))),
         );
         Row {
-            row_hash: row_hash(types, &values),
+            row_hash: row_hash(shape, &values),
             values,
             key_hash,
         }
+    }
+}
+
+/// The columns of a table as the row hash sees them, compiled once per
+/// table: their types in column order, and for each column, in name order,
+/// the 9 bytes that tag its values (xxh3-64 of the name, little endian, and
+/// the type tag). A fixed-size tag kept inline, rather than the name's own
+/// bytes behind a pointer, keeps the row hash as fast as it was without
+/// names (ADR 0008); two names whose 64-bit hashes collide are not a
+/// practical concern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowShape {
+    types: Vec<FieldType>,
+    by_name: Vec<(usize, [u8; 9])>,
+}
+
+impl RowShape {
+    /// The shape of columns `(name, type)` given in column order.
+    pub fn new<'a>(columns: impl IntoIterator<Item = (&'a str, FieldType)>) -> RowShape {
+        let columns: Vec<(&str, FieldType)> = columns.into_iter().collect();
+        let mut by_name: Vec<(usize, [u8; 9])> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, (name, ty))| {
+                let mut tag = [0u8; 9];
+                tag[..8].copy_from_slice(&xxh3_64(name.as_bytes()).to_le_bytes());
+                tag[8] = ty.tag();
+                (i, tag)
+            })
+            .collect();
+        by_name.sort_by(|a, b| columns[a.0].0.cmp(columns[b.0].0));
+        RowShape {
+            types: columns.iter().map(|(_, ty)| *ty).collect(),
+            by_name,
+        }
+    }
+
+    /// Column types in column order.
+    pub fn types(&self) -> &[FieldType] {
+        &self.types
     }
 }
 
@@ -309,17 +356,24 @@ impl ValueHasher {
     /// little endian) and the text.
     fn add(&mut self, ty: FieldType, value: &Value) {
         self.input.push(ty.tag());
-        // The length goes before the text: reserve it, write the text in
-        // place, then fill it in.
-        let at = self.input.len();
-        self.input.extend_from_slice(&[1; 9]);
-        if !value.write_canonical(&mut ByteWriter(&mut self.input)) {
-            self.input.truncate(at);
+        if value.is_null() {
             self.input.push(0);
             return;
         }
-        let len = (self.input.len() - at - 9) as u64;
-        self.input[at + 1..at + 9].copy_from_slice(&len.to_le_bytes());
+        self.input.push(1);
+        self.add_text(value);
+    }
+
+    /// The canonical text's length (u64, little endian), then the text, of
+    /// a value that is not NULL.
+    fn add_text(&mut self, value: &Value) {
+        // The length goes before the text: reserve it, write the text in
+        // place, then fill it in.
+        let at = self.input.len();
+        self.input.extend_from_slice(&[0; 8]);
+        value.write_canonical(&mut ByteWriter(&mut self.input));
+        let len = (self.input.len() - at - 8) as u64;
+        self.input[at..at + 8].copy_from_slice(&len.to_le_bytes());
     }
 
     fn finish(&self) -> Hash128 {
@@ -337,11 +391,18 @@ impl fmt::Write for ByteWriter<'_> {
     }
 }
 
-/// The row hash: changes exactly when some typed value of the row changes.
-pub fn row_hash(types: &[FieldType], values: &[Value]) -> Hash128 {
+/// The row hash: changes exactly when some typed value of the row changes,
+/// and is the same for a NULL column as for no such column. Each non-NULL
+/// value, in name order, adds its column's tag (see [`RowShape`]), its
+/// canonical text's length (u64, little endian) and the text.
+pub fn row_hash(shape: &RowShape, values: &[Value]) -> Hash128 {
     let mut hasher = ValueHasher::new();
-    for (ty, value) in types.iter().zip(values) {
-        hasher.add(*ty, value);
+    for (i, tag) in &shape.by_name {
+        let Some(value) = values.get(*i).filter(|v| !v.is_null()) else {
+            continue;
+        };
+        hasher.input.extend_from_slice(tag);
+        hasher.add_text(value);
     }
     hasher.finish()
 }
@@ -359,15 +420,15 @@ pub fn key_hash<'a>(parts: impl IntoIterator<Item = (FieldType, &'a Value)>) -> 
 mod tests {
     use super::*;
 
-    fn sample() -> (Vec<FieldType>, Vec<Value>) {
+    fn sample() -> (RowShape, Vec<Value>) {
         (
-            vec![
-                FieldType::Text,
-                FieldType::Int,
-                FieldType::Decimal,
-                FieldType::Timestamptz,
-                FieldType::Bool,
-            ],
+            RowShape::new([
+                ("id", FieldType::Text),
+                ("n", FieldType::Int),
+                ("amount", FieldType::Decimal),
+                ("at", FieldType::Timestamptz),
+                ("ok", FieldType::Bool),
+            ]),
             vec![
                 Value::Text("A-1".into()),
                 Value::Int(42),
@@ -382,13 +443,17 @@ mod tests {
         )
     }
 
+    fn columns(columns: &[(&str, FieldType)]) -> RowShape {
+        RowShape::new(columns.iter().copied())
+    }
+
     #[test]
     fn row_hash_is_pinned() {
         // If this fails, every stored row would look changed after an upgrade.
-        let (types, values) = sample();
+        let (shape, values) = sample();
         assert_eq!(
-            row_hash(&types, &values).to_hex(),
-            "7422027bdcd411228c330ee16f5f14b4"
+            row_hash(&shape, &values).to_hex(),
+            "6cd979281cf6b2b17674cf837458587b"
         );
     }
 
@@ -398,35 +463,88 @@ mod tests {
         // prefix, for text and for a value written in canonical form.
         let long = "x".repeat(300);
         let json = serde_json::json!({ "note": long.clone(), "n": [1, 2, 3] });
-        let types = [FieldType::Text, FieldType::Json, FieldType::Date];
+        let shape = columns(&[
+            ("t", FieldType::Text),
+            ("j", FieldType::Json),
+            ("d", FieldType::Date),
+        ]);
         let values = [Value::Text(long), Value::Json(json), Value::Null];
         assert_eq!(
-            row_hash(&types, &values).to_hex(),
-            "e68ab0a1646466467f18e1fc63b324e2"
+            row_hash(&shape, &values).to_hex(),
+            "f724dcfbae2f31b8bd6d615c9b7cbe74"
         );
     }
 
     #[test]
-    fn hash_hex_is_32_lowercase_digits_and_parses_back() {
-        for n in [
-            0,
-            1,
-            0xab,
-            u128::MAX,
-            0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
-        ] {
-            let hash = Hash128(n);
-            assert_eq!(hash.hex().as_str(), format!("{n:032x}"));
-            assert_eq!(hash.to_string(), format!("{n:032x}"));
-            assert_eq!(Hash128::from_hex(&hash.to_hex()), Some(hash));
-        }
+    fn key_hash_is_pinned() {
+        // Unchanged since the first release: `_tm_batches` of unfinished
+        // runs hold key hashes, and stored keys are hashed again on read.
+        let values = [Value::Text("A-1".into()), Value::Int(42), Value::Null];
+        let hash = key_hash([
+            (FieldType::Text, &values[0]),
+            (FieldType::Int, &values[1]),
+            (FieldType::Date, &values[2]),
+        ]);
+        assert_eq!(hash.to_hex(), "27ad4082dc18ef834ca5a595b99a8a28");
+    }
+
+    #[test]
+    fn a_null_column_hashes_as_if_it_were_absent() {
+        // A nullable column added to `[fields]` (anywhere) leaves the hash
+        // of a row without a value for it as it was: history is not
+        // rewritten when the table gains the column.
+        let (before, values) = sample();
+        let base = row_hash(&before, &values);
+        let added = columns(&[
+            ("id", FieldType::Text),
+            ("note", FieldType::Text),
+            ("n", FieldType::Int),
+            ("amount", FieldType::Decimal),
+            ("at", FieldType::Timestamptz),
+            ("ok", FieldType::Bool),
+        ]);
+        let mut with_null = values.clone();
+        with_null.insert(1, Value::Null);
+        assert_eq!(row_hash(&added, &with_null), base);
+        let mut with_value = values.clone();
+        with_value.insert(1, Value::Text("late".into()));
+        assert_ne!(row_hash(&added, &with_value), base);
+        // The `ok` column that is NULL in the sample might as well not exist.
+        let without_ok = columns(&[
+            ("id", FieldType::Text),
+            ("n", FieldType::Int),
+            ("amount", FieldType::Decimal),
+            ("at", FieldType::Timestamptz),
+        ]);
+        assert_eq!(row_hash(&without_ok, &values[..4]), base);
+    }
+
+    #[test]
+    fn row_hash_ignores_column_order_but_not_names_or_types() {
+        let (shape_a, values) = sample();
+        let base = row_hash(&shape_a, &values);
+        let reordered = columns(&[
+            ("ok", FieldType::Bool),
+            ("at", FieldType::Timestamptz),
+            ("amount", FieldType::Decimal),
+            ("n", FieldType::Int),
+            ("id", FieldType::Text),
+        ]);
+        let mut reversed = values.clone();
+        reversed.reverse();
+        assert_eq!(row_hash(&reordered, &reversed), base);
+        // The same value under another name, or of another type, differs.
+        let one = |name, ty| row_hash(&columns(&[(name, ty)]), &[Value::Text("5".into())]);
+        assert_ne!(one("a", FieldType::Text), one("b", FieldType::Text));
+        assert_ne!(one("a", FieldType::Text), one("a", FieldType::Json));
     }
 
     #[test]
     fn a_new_row_carries_its_key_and_row_hashes() {
-        let (types, values) = sample();
-        let row = Row::new(&types, &[0, 1], values.clone());
-        assert_eq!(row.row_hash, row_hash(&types, &values));
+        let (shape, values) = sample();
+        let row = Row::new(&shape, &[0, 1], values.clone());
+        assert_eq!(row.row_hash, row_hash(&shape, &values));
+        let types = shape.types();
         assert_eq!(
             row.key_hash,
             key_hash([(types[0], &values[0]), (types[1], &values[1])])
@@ -436,42 +554,45 @@ mod tests {
 
     #[test]
     fn row_hash_sees_every_change() {
-        let (types, values) = sample();
-        let base = row_hash(&types, &values);
+        let (shape, values) = sample();
+        let base = row_hash(&shape, &values);
         let mut changed = values.clone();
         changed[1] = Value::Int(43);
-        assert_ne!(base, row_hash(&types, &changed));
+        assert_ne!(base, row_hash(&shape, &changed));
         let mut null_vs_empty = values.clone();
         null_vs_empty[0] = Value::Text(String::new());
         let mut null = values.clone();
         null[0] = Value::Null;
-        assert_ne!(row_hash(&types, &null_vs_empty), row_hash(&types, &null));
+        assert_ne!(row_hash(&shape, &null_vs_empty), row_hash(&shape, &null));
         // Shifting text between neighbouring fields changes the hash.
-        let a = row_hash(
-            &[FieldType::Text, FieldType::Text],
-            &[Value::Text("ab".into()), Value::Text("c".into())],
-        );
-        let b = row_hash(
-            &[FieldType::Text, FieldType::Text],
-            &[Value::Text("a".into()), Value::Text("bc".into())],
-        );
+        let two = columns(&[("a", FieldType::Text), ("b", FieldType::Text)]);
+        let a = row_hash(&two, &[Value::Text("ab".into()), Value::Text("c".into())]);
+        let b = row_hash(&two, &[Value::Text("a".into()), Value::Text("bc".into())]);
         assert_ne!(a, b);
+        // Nor can text move between a name and a value.
+        let c = row_hash(
+            &columns(&[("ab", FieldType::Text)]),
+            &[Value::Text("c".into())],
+        );
+        let d = row_hash(
+            &columns(&[("a", FieldType::Text)]),
+            &[Value::Text("bc".into())],
+        );
+        assert_ne!(c, d);
     }
 
     #[test]
     fn equal_decimals_hash_equal() {
         let a = Value::Decimal(Decimal::from_str("10.50").unwrap().normalize());
         let b = Value::Decimal(Decimal::from_str("10.5").unwrap().normalize());
-        assert_eq!(
-            row_hash(&[FieldType::Decimal], &[a]),
-            row_hash(&[FieldType::Decimal], &[b])
-        );
+        let shape = columns(&[("d", FieldType::Decimal)]);
+        assert_eq!(row_hash(&shape, &[a]), row_hash(&shape, &[b]));
     }
 
     #[test]
     fn canonical_text_round_trips() {
-        let (types, values) = sample();
-        for (ty, value) in types.iter().zip(&values) {
+        let (shape, values) = sample();
+        for (ty, value) in shape.types().iter().zip(&values) {
             if let Some(text) = value.canonical_text() {
                 assert_eq!(
                     Value::from_canonical_text(*ty, &text).as_ref(),

@@ -26,6 +26,7 @@ use tidemark_core::{Error, RunKey};
 use ledger::driver::Driver as _;
 use ledger::flow;
 
+pub use ledger::preview::Preview;
 pub use ledger::{
     process_is_gone, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue, EnqueuedBy,
     Lease, LedgerEntry, QueueKey, QueuePipeline, QueuedRun, RunStatus, UnknownState, WorkerId,
@@ -64,16 +65,28 @@ impl Store {
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             Backend::Postgres(postgres::PgStore::connect(url).await?)
         } else {
-            return Err(Error::config(
-                "command line",
-                "--database-url",
-                format!(
-                    "unsupported database URL {:?}: use sqlite://PATH or postgres://...",
-                    redact_url(url)
-                ),
-            ));
+            return Err(unsupported_url(url));
         };
         Ok(Store { backend })
+    }
+
+    /// Opens `url` read-only, for a dry run: nothing is created, migrated
+    /// or written (SQLite opens the file read-only, PostgreSQL runs every
+    /// transaction read-only). `None` when there is no ledger yet (no
+    /// SQLite file, or no ledger tables): every run key is new.
+    pub async fn open_read_only(url: &str) -> Result<Option<Store>, Error> {
+        let backend = if url.starts_with("sqlite:") {
+            sqlite::SqliteStore::connect_read_only(url)
+                .await?
+                .map(Backend::Sqlite)
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            postgres::PgStore::connect_read_only(url)
+                .await?
+                .map(Backend::Postgres)
+        } else {
+            return Err(unsupported_url(url));
+        };
+        Ok(backend.map(|backend| Store { backend }))
     }
 
     /// Closes every connection once the ones in use are returned.
@@ -180,6 +193,18 @@ impl Store {
     /// count as seen by the fresh start.
     pub async fn restart_fresh(&self, lease: &Lease) -> Result<String, Error> {
         dispatch!(self, s => flow::restart_fresh(s, lease).await)
+    }
+
+    /// What claiming each `(key, request)` would do now (all keys of
+    /// `pipeline` and `export_type`), read without locking or writing: the
+    /// same claim rules a claim applies.
+    pub async fn preview_claims(
+        &self,
+        pipeline: &str,
+        export_type: &str,
+        keys: &[(RunKey, ClaimRequest)],
+    ) -> Result<Vec<Preview>, Error> {
+        dispatch!(self, s => ledger::preview::preview(s, pipeline, export_type, keys).await)
     }
 
     /// Ledger rows of a pipeline, optionally for one period start.
@@ -297,6 +322,33 @@ impl QueueListener {
             None => std::future::pending().await,
         }
     }
+}
+
+fn unsupported_url(url: &str) -> Error {
+    Error::config(
+        "command line",
+        "--database-url",
+        format!(
+            "unsupported database URL {:?}: use sqlite://PATH or postgres://...",
+            redact_url(url)
+        ),
+    )
+}
+
+/// The first of `migrator`'s migrations that `applied` lacks, as the error
+/// a read-only open reports: it may not migrate the ledger itself.
+pub(crate) fn missing_migration(
+    migrator: &sqlx::migrate::Migrator,
+    applied: &[i64],
+) -> Option<Error> {
+    let missing = migrator.iter().find(|m| !applied.contains(&m.version))?;
+    Some(Error::Database {
+        message: format!(
+            "the ledger in this database is older than this tidemark (migration {} \"{}\" is not applied); a dry run changes nothing, so run `tidemark migrate` first",
+            missing.version, missing.description
+        ),
+        transient: false,
+    })
 }
 
 /// Hides a password in a database URL.

@@ -1,7 +1,7 @@
 //! The destination table as the pipeline defines it.
 
 use tidemark_core::spec::OnMissing;
-use tidemark_core::{Error, FieldType, Pipeline, Value};
+use tidemark_core::{Error, FieldType, Pipeline, RowShape, Value};
 
 /// Lineage columns every destination table carries, in table order.
 pub const LINEAGE_COLUMNS: [&str; 6] = [
@@ -25,6 +25,8 @@ pub struct TableSchema {
     pub columns: Vec<(String, FieldType)>,
     /// Indices of the natural key columns, in `load.key` order.
     pub key: Vec<usize>,
+    /// Per column: whether its field is `required`.
+    pub required: Vec<bool>,
     /// Whether the table needs `_tm_deleted_at`.
     pub soft_delete: bool,
 }
@@ -48,8 +50,22 @@ impl TableSchema {
             table: spec.load.table.clone(),
             columns,
             key,
+            required: spec.fields.values().map(|f| f.required).collect(),
             soft_delete: spec.load.on_missing == OnMissing::SoftDelete,
         }
+    }
+
+    /// The columns as the row hash sees them.
+    pub fn shape(&self) -> RowShape {
+        RowShape::new(self.columns.iter().map(|(name, ty)| (name.as_str(), *ty)))
+    }
+
+    /// Whether column `i` may be added to an existing table: a field that is
+    /// neither `required` nor part of the key, so that the rows already
+    /// there, which have no value for it, hold NULL without contradicting
+    /// the pipeline.
+    pub fn can_add(&self, i: usize) -> bool {
+        !self.key.contains(&i) && !self.required.get(i).copied().unwrap_or(false)
     }
 
     /// Column types in order.
@@ -84,27 +100,44 @@ impl TableSchema {
                 .map(|(name, ty)| ((*name).to_string(), *ty))
                 .collect(),
             key: vec![0],
+            required: vec![false; columns.len()],
             soft_delete: false,
         }
     }
 }
 
-/// What an existing table lacks or contradicts: every `[fields]` column with
-/// its type, and every lineage column. `actual` is `(name, declared type)`
-/// as the database reports it; `accepts` says whether such a report fits a
-/// field type and `shown` names the type in messages. Shared by both
-/// backends so they word contract errors alike.
-pub(crate) fn column_problems(
+/// How an existing table compares with the pipeline.
+#[derive(Debug, Default)]
+pub(crate) struct ColumnCheck {
+    /// Contradictions, each naming its column: a changed type, a missing
+    /// required or key field, a missing lineage column, a column that is
+    /// not in `[fields]` (a removed field).
+    pub problems: Vec<String>,
+    /// Indices of fields the table lacks that may be added (see
+    /// [`TableSchema::can_add`]).
+    pub to_add: Vec<usize>,
+}
+
+/// Compares an existing table with the pipeline: every `[fields]` column
+/// with its type, every lineage column, and no other column. `actual` is
+/// `(name, declared type)` as the database reports it; `accepts` says
+/// whether such a report fits a field type and `shown` names the type in
+/// messages. Shared by both backends so they word contract errors alike.
+pub(crate) fn compare_columns(
     schema: &TableSchema,
     actual: &[(String, String)],
     accepts: impl Fn(FieldType, &str) -> bool,
     shown: impl Fn(FieldType) -> &'static str,
-) -> Vec<String> {
-    let mut problems = Vec::new();
-    for (name, ty) in &schema.columns {
+) -> ColumnCheck {
+    let mut check = ColumnCheck::default();
+    for (i, (name, ty)) in schema.columns.iter().enumerate() {
         match actual.iter().find(|(n, _)| n == name) {
-            None => problems.push(format!("column `{name}` is missing (field of type {ty})")),
-            Some((_, declared)) if !accepts(*ty, declared) => problems.push(format!(
+            None if schema.can_add(i) => check.to_add.push(i),
+            None => check.problems.push(format!(
+                "column `{name}` is missing (field of type {ty}, {}: only a field that is neither required nor in the key is added to an existing table)",
+                if schema.key.contains(&i) { "in the key" } else { "required" }
+            )),
+            Some((_, declared)) if !accepts(*ty, declared) => check.problems.push(format!(
                 "column `{name}` is {declared}, but field `{name}` has type {ty} (expected {})",
                 shown(*ty)
             )),
@@ -113,10 +146,22 @@ pub(crate) fn column_problems(
     }
     for lineage in LINEAGE_COLUMNS {
         if !actual.iter().any(|(n, _)| n == lineage) {
-            problems.push(format!("lineage column `{lineage}` is missing"));
+            check
+                .problems
+                .push(format!("lineage column `{lineage}` is missing"));
         }
     }
-    problems
+    for (name, _) in actual {
+        let known = schema.columns.iter().any(|(n, _)| n == name)
+            || LINEAGE_COLUMNS.contains(&name.as_str())
+            || name == DELETED_AT;
+        if !known {
+            check.problems.push(format!(
+                "column `{name}` is not in [fields] (a removed field: add it back, or drop the column)"
+            ));
+        }
+    }
+    check
 }
 
 /// Double-quotes an identifier. Names were validated as `[A-Za-z_][A-Za-z0-9_]*`,

@@ -102,6 +102,8 @@ fn request(instance: &str) -> ClaimRequest {
     ClaimRequest {
         force: false,
         handler_version: "1".into(),
+        fields_fingerprint: pipeline().fields_fingerprint().as_str().to_string(),
+        provisional: false,
         // A host name no real process has, so the dead-holder shortcut never applies.
         worker: WorkerId {
             host: format!("test-host-{instance}"),
@@ -115,7 +117,8 @@ fn request(instance: &str) -> ClaimRequest {
 fn row(id: i64, name: &str) -> Row {
     use tidemark_core::{FieldType, Value};
     let values = vec![Value::Int(id), Value::Text(name.into())];
-    Row::new(&[FieldType::Int, FieldType::Text], &[0], values)
+    let shape = tidemark_core::RowShape::new([("id", FieldType::Int), ("name", FieldType::Text)]);
+    Row::new(&shape, &[0], values)
 }
 
 fn claimed(claim: Claim) -> ClaimedRun {
@@ -349,7 +352,7 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
     )
     .unwrap();
     let (db, store, schema) = with_table(postgres, &p).await;
-    let types = schema.types();
+    let shape = schema.shape();
     let rows: Vec<Row> = (0..3)
         .map(|i| {
             let values = vec![
@@ -368,7 +371,7 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
                 Value::Float(1.5),
                 Value::from_canonical_text(FieldType::Json, r#"{"a":[1,2],"b":"x"}"#).unwrap(),
             ];
-            Row::new(&types, &schema.key, values)
+            Row::new(&shape, &schema.key, values)
         })
         .collect();
     let key = key(&p, "2024-01-01");
@@ -659,6 +662,61 @@ async fn ledger_of_the_first_migration_upgrades_with_its_history(postgres: bool)
     db.drop_db().await;
 }
 
+/// A long-lived process (`serve`) keeps its pooled connections, and
+/// PostgreSQL keeps a connection's temporary staging table, made `LIKE`
+/// the destination table, for as long as the connection lives. Once a new
+/// field has added a column, changed rows must still merge (through a
+/// stage that has the column), on the same pool.
+async fn added_column_is_written_by_a_pool_that_merged_before(postgres: bool) {
+    use tidemark_core::Value;
+    let p = pipeline();
+    let (db, store, schema) = with_table(postgres, &p).await;
+    let key = key(&p, "2024-01-01");
+    let forced = ClaimRequest {
+        force: true,
+        ..request("a")
+    };
+    let first = [row(1, "one"), row(2, "two")];
+    load_once(&store, &schema, &key, &request("a"), &first, &reconcile()).await;
+    // Changed rows of the run key merge through the staging table.
+    let changed = [row(1, "ONE"), row(2, "two")];
+    let result = load_once(&store, &schema, &key, &forced, &changed, &reconcile()).await;
+    assert_eq!(result["rows_updated"], 1, "{result}");
+
+    let wider = Pipeline::parse(
+        &PIPELINE.replace(
+            "name = { type = \"text\" }",
+            "name = { type = \"text\" }\nnote = { type = \"text\" }",
+        ),
+        Path::new("p.toml"),
+    )
+    .unwrap();
+    let wide = TableSchema::from_pipeline(&wider);
+    store.ensure_table(&wide).await.unwrap();
+    let shape = wide.shape();
+    let noted = |id: i64, name: &str, note: Option<&str>| {
+        let note = note.map_or(Value::Null, |n| Value::Text(n.into()));
+        Row::new(
+            &shape,
+            &wide.key,
+            vec![Value::Int(id), Value::Text(name.into()), note],
+        )
+    };
+    let rows = [noted(1, "ONE", Some("n1")), noted(2, "two", None)];
+    let result = load_once(&store, &wide, &key, &forced, &rows, &reconcile()).await;
+    assert_eq!(result["rows_updated"], 1, "{result}");
+    assert_eq!(
+        result["rows_unchanged"], 1,
+        "a NULL in the new column is no change: {result}"
+    );
+    assert_eq!(
+        scalar(&db.url, "SELECT count(*) FROM items WHERE note = 'n1'").await,
+        1
+    );
+    store.close().await;
+    db.drop_db().await;
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(false).await } )* }
@@ -677,6 +735,7 @@ both_backends!(
     resume_knows_what_committed_batches_saw,
     run_key_rows_are_read_through_the_index,
     table_created_by_another_connection_is_checked_on_a_fresh_schema,
+    added_column_is_written_by_a_pool_that_merged_before,
 );
 
 /// Two schedulers and a `status` started together on a new SQLite file:
@@ -742,7 +801,7 @@ async fn sqlite_time_columns_of_earlier_tables_are_still_accepted() {
         ]
     };
     let rows: Vec<Row> = (1..=3)
-        .map(|i| Row::new(&schema.types(), &schema.key, values(i)))
+        .map(|i| Row::new(&schema.shape(), &schema.key, values(i)))
         .collect();
     for earlier in [false, true] {
         let db = TestDb::new(false).await;

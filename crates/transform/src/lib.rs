@@ -58,7 +58,7 @@
 //!
 //! **Keys and hashes.** A NULL natural-key field is a validation error. The
 //! key hash covers the key fields in `load.key` order, the row hash every
-//! column in table order; both come from [`tidemark_core::value`].
+//! non-NULL column tagged with its name; both come from [`tidemark_core::value`].
 
 #![warn(missing_docs)]
 // `tidemark_core::Error` is the one error type every stage returns; its size
@@ -74,7 +74,9 @@ mod plan;
 pub use tidemark_core::value::Row;
 
 use tidemark_core::template::TemplateContext;
-use tidemark_core::{Error, FieldType, Period, Pipeline, RawData, RawRecord, RawValue, Value};
+use tidemark_core::{
+    Error, FieldType, Period, Pipeline, RawData, RawRecord, RawValue, RowShape, Value,
+};
 
 use crate::parse::Raw;
 use crate::plan::{Column, Lookup, Planner};
@@ -91,6 +93,7 @@ pub struct Transformer {
     columns: Vec<Column>,
     names: Vec<String>,
     types: Vec<FieldType>,
+    shape: RowShape,
     key_indices: Vec<usize>,
 }
 
@@ -136,6 +139,7 @@ impl Transformer {
         Ok(Transformer {
             names: columns.iter().map(|c| c.name.clone()).collect(),
             types: columns.iter().map(|c| c.parser.ty).collect(),
+            shape: RowShape::new(columns.iter().map(|c| (c.name.as_str(), c.parser.ty))),
             columns,
             key_indices,
         })
@@ -144,6 +148,11 @@ impl Transformer {
     /// Column types in table order (the order of `[fields]`).
     pub fn types(&self) -> &[FieldType] {
         &self.types
+    }
+
+    /// The columns as the row hash sees them.
+    pub fn shape(&self) -> &RowShape {
+        &self.shape
     }
 
     /// Column names in table order.
@@ -174,7 +183,7 @@ impl Transformer {
                 return Err(invalid(record, name, "", EMPTY_KEY));
             }
         }
-        Ok(Row::new(&self.types, &self.key_indices, values))
+        Ok(Row::new(&self.shape, &self.key_indices, values))
     }
 }
 

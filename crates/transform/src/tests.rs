@@ -160,7 +160,7 @@ fn types_a_csv_record_in_table_order() {
             utc("2024-03-07T12:45:00Z"),
         ]
     );
-    assert_eq!(row.row_hash, value::row_hash(t.types(), &row.values));
+    assert_eq!(row.row_hash, value::row_hash(t.shape(), &row.values));
     assert_eq!(
         row.key_hash,
         value::key_hash([(FieldType::Text, &Value::Text("A-1".into()))])

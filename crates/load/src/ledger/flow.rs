@@ -116,7 +116,12 @@ async fn take<D: Driver>(
         Arg::Int(batches),
     ];
     args.extend(count_args(&counts));
-    args.extend([Arg::Text(&request.handler_version), Arg::Int(run_ref)]);
+    args.extend([
+        Arg::Text(&request.handler_version),
+        Arg::Int(run_ref),
+        Arg::Bool(request.provisional),
+        Arg::Text(&request.fields_fingerprint),
+    ]);
     tx.execute(&s.start_attempt, &args).await?;
     tx.execute(
         &s.insert_attempt,
@@ -168,13 +173,14 @@ pub(crate) async fn claim_next<D: Driver>(
     }
     for row in candidates {
         let pipeline = row.text("pipeline")?;
-        // The attempt records the handler version of the pipeline it runs.
+        let Some(queued_for) = pipelines.iter().find(|p| p.name == pipeline) else {
+            continue;
+        };
+        // The attempt records the version and fields of the pipeline it runs
+        // (and a crashed attempt resumes only under the same).
         let request = ClaimRequest {
-            handler_version: pipelines
-                .iter()
-                .find(|p| p.name == pipeline)
-                .map(|p| p.handler_version.clone())
-                .unwrap_or_default(),
+            handler_version: queued_for.handler_version.clone(),
+            fields_fingerprint: queued_for.fields_fingerprint.clone(),
             ..request.clone()
         };
         if let Claim::Claimed(run) = take::<D>(&mut tx, &row, &request).await? {
@@ -336,7 +342,7 @@ async fn wake_workers<D: Driver>(tx: &mut D::Tx) -> Result<(), Error> {
     Ok(())
 }
 
-fn snapshot(row: &Record) -> Result<Snapshot, Error> {
+pub(super) fn snapshot(row: &Record) -> Result<Snapshot, Error> {
     Ok(Snapshot {
         status: row.state("status")?,
         run_id: row.opt_text("run_id")?,
@@ -347,6 +353,8 @@ fn snapshot(row: &Record) -> Result<Snapshot, Error> {
         lease_live: row.int("lease_live")? == 1,
         checkpoint: row.json("checkpoint")?,
         result: row.json("result")?,
+        handler_version: row.opt_text("handler_version")?,
+        fields_fingerprint: row.opt_text("fields_fingerprint")?,
     })
 }
 
@@ -513,13 +521,14 @@ pub(crate) async fn status<D: Driver>(
 }
 
 fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
+    let status: RunStatus = row.state("status")?;
     Ok(LedgerEntry {
         pipeline: row.text("pipeline")?,
         source: row.text("source")?,
         export_type: row.text("export_type")?,
         period_start: row.text("period_start")?,
         period_end: row.text("period_end")?,
-        status: row.state("status")?,
+        status,
         attempts: row.int("attempt")?,
         run_id: row.opt_text("run_id")?,
         counts: counts_of(row)?,
@@ -528,6 +537,12 @@ fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
         started_at: row.opt_text("started_at")?,
         finished_at: row.opt_text("finished_at")?,
         handler_version: row.opt_text("handler_version")?,
+        // The column is set when an attempt starts; it describes a result
+        // only once there is one.
+        provisional: status == RunStatus::Done && row.int("provisional")? != 0,
+        stale: false,
+        stale_reason: None,
+        fields_fingerprint: row.opt_text("fields_fingerprint")?,
         lease_owner: row.opt_text("lease_owner")?,
         lease_expires_at: row.opt_text("lease_expires_at")?,
         priority: row.int("priority")?,

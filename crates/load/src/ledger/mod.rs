@@ -12,8 +12,10 @@
 
 pub(crate) mod driver;
 pub(crate) mod flow;
+pub(crate) mod preview;
 mod rules;
 pub(crate) mod sql;
+mod stale;
 
 use std::fmt;
 use std::str::FromStr;
@@ -160,6 +162,12 @@ pub struct ClaimRequest {
     pub force: bool,
     /// The pipeline's handler version.
     pub handler_version: String,
+    /// The fingerprint of the pipeline's `[fields]`
+    /// ([`tidemark_core::FieldsFingerprint`]), recorded with the attempt.
+    pub fields_fingerprint: String,
+    /// The period is still open (`--allow-open`): a done run is recorded
+    /// as provisional, for `sync` to re-run once the period is due.
+    pub provisional: bool,
     /// This worker.
     pub worker: WorkerId,
     /// Lease length; renewed by heartbeats.
@@ -279,6 +287,8 @@ pub struct QueuePipeline {
     pub name: String,
     /// Its handler `version`.
     pub handler_version: String,
+    /// The fingerprint of its `[fields]`.
+    pub fields_fingerprint: String,
 }
 
 /// A key claimed from the work queue, with the identity its row holds.
@@ -382,6 +392,17 @@ pub struct LedgerEntry {
     pub finished_at: Option<String>,
     /// Handler version of the latest run.
     pub handler_version: Option<String>,
+    /// Done by a run that started while its period was still open
+    /// (`--allow-open`); `sync` re-runs it once it is due.
+    pub provisional: bool,
+    /// Done under another handler version or other `[fields]` than the
+    /// pipeline's current ones (derived; see [`LedgerEntry::judge_staleness`]).
+    pub stale: bool,
+    /// What differs, when stale: `version 2 -> 3`, `fields changed: + note`.
+    pub stale_reason: Option<String>,
+    /// The `[fields]` fingerprint of the latest run (compared, not shown).
+    #[serde(skip)]
+    pub fields_fingerprint: Option<String>,
     /// Lease owner while running.
     pub lease_owner: Option<String>,
     /// Lease expiry while running.

@@ -16,6 +16,9 @@ pub(crate) struct Snapshot {
     pub lease_live: bool,
     pub checkpoint: Option<serde_json::Value>,
     pub result: Option<serde_json::Value>,
+    /// Handler version and `[fields]` fingerprint the attempt started with.
+    pub handler_version: Option<String>,
+    pub fields_fingerprint: Option<String>,
 }
 
 /// What a claim does with the row it locked.
@@ -36,13 +39,16 @@ pub(crate) enum Decision {
 /// The claim rules:
 /// - done and not forced: report the stored result;
 /// - running with a live lease whose holder is not provably dead: held;
-/// - running otherwise (crashed): take over and resume from its checkpoint
-///   unless forced;
+/// - running otherwise (crashed): take over and resume from its checkpoint;
 /// - pending after an interrupted attempt (it kept its checkpoint): take it
-///   and resume, unless forced;
+///   and resume;
 /// - pending otherwise, failed, cancelled, or forced: take it and start the
 ///   period fresh (rows already committed stay; unchanged ones are not
 ///   rewritten).
+///
+/// A resume needs the claim not to be forced and the pipeline's version and
+/// `[fields]` to be those of the stopped attempt (see [`resumable`]);
+/// otherwise the period starts over.
 pub(crate) fn decide(row: Snapshot, request: &ClaimRequest) -> Decision {
     match row.status {
         RunStatus::Done if !request.force => {
@@ -51,7 +57,7 @@ pub(crate) fn decide(row: Snapshot, request: &ClaimRequest) -> Decision {
         RunStatus::Running => {}
         RunStatus::Pending => {
             return Decision::Take {
-                resume: resumable(request, row.checkpoint, row.run_id),
+                resume: resume_point(row, request),
                 previous_lost: false,
             };
         }
@@ -70,21 +76,28 @@ pub(crate) fn decide(row: Snapshot, request: &ClaimRequest) -> Decision {
         };
     }
     Decision::Take {
-        resume: resumable(request, row.checkpoint, row.run_id),
+        resume: resume_point(row, request),
         previous_lost: true,
     }
 }
 
-/// The checkpoint and run id to resume from, unless the claim is forced.
-fn resumable(
-    request: &ClaimRequest,
-    checkpoint: Option<serde_json::Value>,
-    run_id: Option<String>,
-) -> Option<(serde_json::Value, String)> {
-    match (request.force, checkpoint, run_id) {
-        (false, Some(cp), Some(run_id)) => Some((cp, run_id)),
+/// The checkpoint and run id a claim resumes from, if it may.
+fn resume_point(row: Snapshot, request: &ClaimRequest) -> Option<(serde_json::Value, String)> {
+    let same_pipeline = resumable(&row, request);
+    match (request.force, same_pipeline, row.checkpoint, row.run_id) {
+        (false, true, Some(cp), Some(run_id)) => Some((cp, run_id)),
         _ => None,
     }
+}
+
+/// Whether a stopped attempt's committed batches may be continued: it ran
+/// the same handler version and the same `[fields]` as this claim. Rows
+/// written under other fields (a column added since) would otherwise stay
+/// as they were, never re-read, under a ledger row that records the new
+/// fingerprint and so never looks stale; the period starts over instead.
+pub(crate) fn resumable(row: &Snapshot, request: &ClaimRequest) -> bool {
+    row.handler_version.as_deref() == Some(request.handler_version.as_str())
+        && row.fields_fingerprint.as_deref() == Some(request.fields_fingerprint.as_str())
 }
 
 /// Whether a lease holder is provably dead: it ran on this host, it is not
@@ -147,6 +160,8 @@ mod tests {
         ClaimRequest {
             force,
             handler_version: "1".into(),
+            fields_fingerprint: "id:1".into(),
+            provisional: false,
             worker: me(),
             lease_ttl: Duration::from_secs(30),
         }
@@ -163,6 +178,8 @@ mod tests {
             lease_live: live,
             checkpoint: Some(serde_json::json!({"records": 3})),
             result: None,
+            handler_version: Some("1".into()),
+            fields_fingerprint: Some("id:1".into()),
         }
     }
 
@@ -259,6 +276,30 @@ mod tests {
                 previous_lost: false
             }
         ));
+        // A crashed attempt of another version or other fields starts over.
+        for changed in [
+            Snapshot {
+                handler_version: Some("0".into()),
+                ..running("h2", 1, false)
+            },
+            Snapshot {
+                fields_fingerprint: Some("id:0".into()),
+                ..running("h2", 1, false)
+            },
+            Snapshot {
+                fields_fingerprint: None,
+                ..running("h2", 1, false)
+            },
+        ] {
+            assert_eq!(
+                decide(changed, &request(false)),
+                Decision::Take {
+                    resume: None,
+                    previous_lost: true
+                }
+            );
+        }
+
         for status in [RunStatus::Failed, RunStatus::Cancelled] {
             let row = Snapshot {
                 status,

@@ -101,14 +101,15 @@ impl Dialect {
     }
 }
 
-/// What a claim reads of a run row (the claim rules' snapshot, the run key
-/// and the counts a resumed attempt continues from).
+/// What a claim reads of a run row (the claim rules' snapshot,
+/// `rules::Snapshot`, the run key and the counts a resumed attempt
+/// continues from).
 fn claim_columns(d: Dialect) -> String {
     format!(
         "id, pipeline, source, export_type, period_start, status, attempt, run_id, lease_owner, lease_host,
          lease_pid, lease_expires_at,
          CAST(CASE WHEN lease_expires_at > {} THEN 1 ELSE 0 END AS BIGINT) AS lease_live,
-         checkpoint, batches, result, {}",
+         checkpoint, batches, result, handler_version, fields_fingerprint, {}",
         d.now(),
         Counts::COLUMNS.join(", ")
     )
@@ -129,6 +130,9 @@ pub(crate) struct Statements {
     pub insert_run: String,
     /// Reads and locks the run key's row. `$1..$4`: the run key.
     pub lock_run: String,
+    /// What a claim would read, for every run key of a pipeline and export
+    /// type, without locking (dry runs). `$1` pipeline, `$2` export type.
+    pub preview_runs: String,
     /// `$1`: run ref. Marks a crashed attempt lost.
     pub lose_running_attempts: String,
     /// `$1`: run ref, `$2`: run id.
@@ -137,7 +141,8 @@ pub(crate) struct Statements {
     pub delete_batches: String,
     /// Starts an attempt on the run row. `$1` attempt, `$2` run id, `$3`
     /// owner, `$4` host, `$5` pid, `$6` lease seconds, `$7` fresh start,
-    /// `$8` batches, `$9..$14` counts, `$15` handler version, `$16` run ref.
+    /// `$8` batches, `$9..$14` counts, `$15` handler version, `$16` run ref,
+    /// `$17` provisional, `$18` fields fingerprint.
     pub start_attempt: String,
     /// `$1` run ref, `$2` attempt, `$3` run id, `$4` worker, `$5` resumed.
     pub insert_attempt: String,
@@ -222,6 +227,10 @@ impl Statements {
                 "SELECT {claim_columns} FROM _tm_runs WHERE {run_key}{}",
                 d.for_update()
             ),
+            preview_runs: format!(
+                "SELECT finished_at, error_class, {claim_columns}
+                 FROM _tm_runs WHERE pipeline = $1 AND export_type = $2"
+            ),
             lose_running_attempts: format!(
                 "UPDATE _tm_attempts SET status = '{}', finished_at = {now}
                  WHERE run_ref = $1 AND status = '{attempt_running}'",
@@ -236,7 +245,7 @@ impl Statements {
                         checkpoint = CASE WHEN $7 THEN NULL ELSE checkpoint END, batches = $8, {sets},
                         error_class = NULL, error_message = NULL, result = NULL, handler_version = $15,
                         started_at = CASE WHEN $7 THEN {now} ELSE started_at END, finished_at = NULL,
-                        updated_at = {now}
+                        updated_at = {now}, provisional = $17, fields_fingerprint = $18
                  WHERE id = $16",
                 lease = d.now_plus("$6"),
                 sets = count_sets(9),
@@ -457,6 +466,7 @@ mod tests {
             for sql in [
                 &s.insert_run,
                 &s.lock_run,
+                &s.preview_runs,
                 &s.start_attempt,
                 &s.end_attempt,
                 &s.save_progress,

@@ -171,7 +171,7 @@ mod tests {
 
     fn row(at: NaiveDateTime) -> Row {
         Row::new(
-            &[FieldType::Text, FieldType::Timestamp],
+            &schema().shape(),
             &[0],
             vec![Value::Text("A-1".into()), Value::Timestamp(at)],
         )

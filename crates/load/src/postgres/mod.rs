@@ -54,10 +54,50 @@ impl PgStore {
     /// operator needs "connection refused", a TLS or an authentication
     /// error, within seconds.
     pub(crate) async fn connect(url: &str) -> Result<Self, Error> {
+        let store = Self::open(url, |options| options).await?;
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Connects for a dry run: every transaction is read-only (the server
+    /// refuses any write), and nothing is migrated. `None` when the
+    /// database holds no ledger yet; an error when its ledger is older than
+    /// this build (a dry run must not migrate it).
+    pub(crate) async fn connect_read_only(url: &str) -> Result<Option<Self>, Error> {
+        let store = Self::open(url, |options| {
+            options.options([("default_transaction_read_only", "on")])
+        })
+        .await?;
+        let found: Option<String> =
+            sqlx::query_scalar("SELECT CAST(to_regclass('_tm_runs') AS text)")
+                .fetch_one(&store.pool)
+                .await
+                .map_err(db_error)?;
+        if found.is_none() {
+            store.close().await;
+            return Ok(None);
+        }
+        let applied: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&store.pool)
+                .await
+                .map_err(db_error)?;
+        if let Some(missing) = crate::missing_migration(&Self::migrator(), &applied) {
+            store.close().await;
+            return Err(missing);
+        }
+        Ok(Some(store))
+    }
+
+    async fn open(
+        url: &str,
+        adjust: impl FnOnce(PgConnectOptions) -> PgConnectOptions,
+    ) -> Result<Self, Error> {
         let shown = crate::redact_url(url);
         let options = PgConnectOptions::from_str(url).map_err(|e| {
             Error::config("command line", "--database-url", format!("{shown}: {e}"))
         })?;
+        let options = adjust(options);
         let first = retry_while(
             "connecting to PostgreSQL",
             FIRST_CONNECT_DEADLINE,
@@ -74,9 +114,7 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(60))
             .connect_lazy_with(options);
         let _ = first.close().await;
-        let store = PgStore { pool };
-        store.migrate().await?;
-        Ok(store)
+        Ok(PgStore { pool })
     }
 
     /// A connection that LISTENs for queued keys (and reconnects by itself).
@@ -95,8 +133,12 @@ impl PgStore {
         self.pool.close().await;
     }
 
-    pub(crate) async fn migrate(&self) -> Result<(), Error> {
+    fn migrator() -> sqlx::migrate::Migrator {
         sqlx::migrate!("../../migrations/postgres")
+    }
+
+    pub(crate) async fn migrate(&self) -> Result<(), Error> {
+        Self::migrator()
             .run(&self.pool)
             .await
             .map_err(|e| Error::Database {

@@ -224,6 +224,7 @@ mod tests {
                 .map(|ty| (ty.name().to_string(), *ty))
                 .collect(),
             key: (0..columns.len()).collect(),
+            required: vec![false; columns.len()],
             soft_delete: false,
         };
         let types: Vec<FieldType> = schema.key_columns().map(|(_, t)| *t).collect();

@@ -21,7 +21,7 @@ use tidemark_core::{Error, FieldType, Row, Value};
 
 use super::copy_binary::{encode_rows, LineageValues};
 use crate::db_error::DbResultExt;
-use crate::schema::{column_problems, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
+use crate::schema::{compare_columns, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, WriteCounts};
 
 /// The PostgreSQL type of a field type.
@@ -115,7 +115,10 @@ async fn create_table(
 }
 
 /// An existing table must have every field with its type, the lineage
-/// columns, and a UNIQUE index on exactly the natural key.
+/// columns, no other column, and a UNIQUE index on exactly the natural key.
+/// A field it lacks that is neither required nor in the key is added as a
+/// nullable column, in the caller's transaction under the DDL advisory
+/// lock, so two workers cannot both add it.
 async fn check_table(
     tx: &mut Transaction<'_, Postgres>,
     schema: &TableSchema,
@@ -128,7 +131,7 @@ async fn check_table(
     .fetch_all(&mut **tx)
     .await
     .db()?;
-    let problems = column_problems(
+    let check = compare_columns(
         schema,
         &actual,
         |ty, declared| declared == information_schema_type(ty),
@@ -138,8 +141,8 @@ async fn check_table(
         table: schema.table.clone(),
         message,
     };
-    if !problems.is_empty() {
-        return Err(contract(problems.join("; ")));
+    if !check.problems.is_empty() {
+        return Err(contract(check.problems.join("; ")));
     }
     let unique_sets: Vec<Vec<String>> = sqlx::query_scalar(
         "SELECT array_agg(a.attname::text) FROM pg_index i
@@ -161,6 +164,27 @@ async fn check_table(
             "no UNIQUE constraint on exactly the natural key ({})",
             names.join(", ")
         )));
+    }
+    if !check.to_add.is_empty() {
+        let adds: Vec<String> = check
+            .to_add
+            .iter()
+            .map(|&i| {
+                let (name, ty) = &schema.columns[i];
+                format!("ADD COLUMN {} {}", quote(name), pg_type(*ty))
+            })
+            .collect();
+        sqlx::query(&format!(
+            "ALTER TABLE {} {}",
+            quote(&schema.table),
+            adds.join(", ")
+        ))
+        .execute(&mut **tx)
+        .await
+        .db()?;
+        for &i in &check.to_add {
+            tracing::info!(table = %schema.table, column = %schema.columns[i].0, "added column (new field)");
+        }
     }
     if schema.soft_delete && !actual.iter().any(|(n, _)| n == DELETED_AT) {
         sqlx::query(&format!(
@@ -265,7 +289,7 @@ async fn merge_through_stage(
     staged: usize,
 ) -> Result<WriteCounts, Error> {
     let table = quote(&schema.table);
-    let stage = quote(&format!("_tm_stage_{}", schema.table));
+    let stage = quote(&stage_name(schema, columns));
     sqlx::query(&format!(
         "CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
     ))
@@ -308,6 +332,20 @@ async fn merge_through_stage(
         updated: written - inserted,
         unchanged: (staged as u64).saturating_sub(written),
     })
+}
+
+/// The staging table of `schema`'s table with these columns. A temporary
+/// table lives as long as its connection, and a pooled connection outlives
+/// a change of the table (a column added by a newer pipeline in a
+/// long-running `serve`): a stage made `LIKE` the table before would lack
+/// the column. So the name holds a digest of the table and its columns,
+/// and a changed table gets a new stage.
+fn stage_name(schema: &TableSchema, columns: &str) -> String {
+    let shape = format!("{}({columns}){}", schema.table, schema.soft_delete);
+    format!(
+        "_tm_stage_{:016x}",
+        xxhash_rust::xxh3::xxh3_64(shape.as_bytes())
+    )
 }
 
 /// Deletes (or soft-deletes) rows of the run key by natural key, joining

@@ -31,6 +31,8 @@ use raw::WalSignal;
 pub(crate) struct SqliteStore {
     pool: SqlitePool,
     wal_signal: &'static WalSignal,
+    /// Opened read-only (dry runs): closing must not checkpoint.
+    read_only: bool,
 }
 
 impl SqliteStore {
@@ -67,9 +69,58 @@ impl SqliteStore {
         }));
         let pool = open_pool(options, wal_signal).await?;
         tokio::spawn(checkpoint_in_background(pool.clone(), wal_signal));
-        let store = SqliteStore { pool, wal_signal };
+        let store = SqliteStore {
+            pool,
+            wal_signal,
+            read_only: false,
+        };
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// Opens an existing database read-only, for a dry run: SQLite refuses
+    /// every write on these connections, a missing file is not created
+    /// (`None`: nothing is recorded yet), and nothing is migrated. `None`
+    /// too for a file without a ledger; an error for a ledger older than
+    /// this build.
+    pub(crate) async fn connect_read_only(url: &str) -> Result<Option<Self>, Error> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| Error::config("command line", "--database-url", e.to_string()))?
+            .create_if_missing(false)
+            .read_only(true)
+            .busy_timeout(Duration::from_secs(60));
+        if !options.get_filename().exists() {
+            return Ok(None);
+        }
+        let pool = open::open_read_only(options).await?;
+        let store = SqliteStore {
+            pool,
+            wal_signal: Box::leak(Box::new(WalSignal {
+                threshold: c_int::MAX,
+                notify: tokio::sync::Notify::new(),
+            })),
+            read_only: true,
+        };
+        let found: Option<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_tm_runs'",
+        )
+        .fetch_optional(&store.pool)
+        .await
+        .map_err(crate::db_error::db_error)?;
+        if found.is_none() {
+            store.close().await;
+            return Ok(None);
+        }
+        let applied: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&store.pool)
+                .await
+                .map_err(crate::db_error::db_error)?;
+        if let Some(missing) = crate::missing_migration(&Self::migrator(), &applied) {
+            store.close().await;
+            return Err(missing);
+        }
+        Ok(Some(store))
     }
 
     /// Checkpoints the WAL into the database file and empties it, then
@@ -78,6 +129,10 @@ impl SqliteStore {
     /// none of them may be "last". Waits at most 1 s for another process's
     /// transaction; its own last close checkpoints then.
     pub(crate) async fn close(&self) {
+        if self.read_only {
+            self.pool.close().await;
+            return;
+        }
         if let Ok(mut conn) = self.pool.acquire().await {
             let checkpoint = async {
                 sqlx::query("PRAGMA busy_timeout = 1000")
@@ -100,8 +155,12 @@ impl SqliteStore {
     /// processes starting on a fresh file can both try to apply the same
     /// migration; the loser fails on "already exists" after the winner
     /// committed, and simply tries again (and then finds nothing to do).
+    fn migrator() -> sqlx::migrate::Migrator {
+        sqlx::migrate!("../../migrations/sqlite")
+    }
+
     pub(crate) async fn migrate(&self) -> Result<(), Error> {
-        let migrator = sqlx::migrate!("../../migrations/sqlite");
+        let migrator = Self::migrator();
         retry_while(
             "ledger migration raced another process",
             MIGRATE_DEADLINE,

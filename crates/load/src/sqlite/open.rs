@@ -57,6 +57,24 @@ pub(super) async fn open_pool(
     })
 }
 
+/// One read-only connection (a dry run reads a few ledger rows), without
+/// the WAL hook: it never commits a write.
+pub(super) async fn open_read_only(options: SqliteConnectOptions) -> Result<SqlitePool, Error> {
+    let shown = options.get_filename().display().to_string();
+    SqlitePoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(120))
+        .connect_with(options)
+        .await
+        .map_err(|e| {
+            let mut error = db_error(e);
+            if let Error::Database { message, .. } | Error::Storage { message } = &mut error {
+                *message = format!("cannot open the SQLite database {shown} read-only: {message}");
+            }
+            error
+        })
+}
+
 /// WAL size, in pages, at which a commit wakes the background checkpointer:
 /// 80 MB at 8 KiB pages. SQLite's own default of 1,000 pages was measured
 /// slower (ADR 0003, decision 5).

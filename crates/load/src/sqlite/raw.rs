@@ -536,12 +536,12 @@ mod tests {
     #[test]
     fn rows_are_stored_with_their_canonical_texts() {
         let schema = schema();
-        let types = schema.types();
+        let shape = schema.shape();
         let time = chrono::DateTime::parse_from_rfc3339("2024-01-02T03:04:05.5+01:00")
             .unwrap()
             .with_timezone(&chrono::Utc);
         let first = Row::new(
-            &types,
+            &shape,
             &schema.key,
             vec![
                 Value::Text("A-1".into()),
@@ -552,7 +552,7 @@ mod tests {
             ],
         );
         let second = Row::new(
-            &types,
+            &shape,
             &schema.key,
             vec![
                 Value::Text("A-2".into()),

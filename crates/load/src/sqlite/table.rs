@@ -14,7 +14,7 @@ use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, FieldType};
 
 use crate::db_error::DbResultExt;
-use crate::schema::{column_problems, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
+use crate::schema::{compare_columns, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
 use crate::writer::Lineage;
 
 /// The declared SQLite type of a field type, for new tables. Every type
@@ -109,7 +109,10 @@ async fn create_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Resu
 }
 
 /// An existing table must have every field with its type, the lineage
-/// columns, and a UNIQUE index on exactly the natural key.
+/// columns, no other column, and a UNIQUE index on exactly the natural key.
+/// A field it lacks that is neither required nor in the key is added as a
+/// nullable column, on this connection under the write lock the caller's
+/// `BEGIN IMMEDIATE` took, so two runs cannot both add it.
 async fn check_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Result<(), Error> {
     let table = quote(&schema.table);
     let info = sqlx::query(&format!("PRAGMA table_info({table})"))
@@ -129,9 +132,9 @@ async fn check_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Resul
         table: schema.table.clone(),
         message,
     };
-    let problems = column_problems(schema, &actual, accepts, sql_type);
-    if !problems.is_empty() {
-        return Err(contract(problems.join("; ")));
+    let check = compare_columns(schema, &actual, accepts, sql_type);
+    if !check.problems.is_empty() {
+        return Err(contract(check.problems.join("; ")));
     }
     let key: HashSet<&str> = schema.key_columns().map(|(n, _)| n.as_str()).collect();
     if !has_unique_index_on(conn, &table, &key).await? {
@@ -140,6 +143,18 @@ async fn check_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Resul
             "no UNIQUE constraint on exactly the natural key ({})",
             names.join(", ")
         )));
+    }
+    for &i in &check.to_add {
+        let (name, ty) = &schema.columns[i];
+        sqlx::query(&format!(
+            "ALTER TABLE {table} ADD COLUMN {} {}",
+            quote(name),
+            sql_type(*ty)
+        ))
+        .execute(&mut *conn)
+        .await
+        .db()?;
+        tracing::info!(table = %schema.table, column = %name, "added column (new field)");
     }
     if schema.soft_delete && !actual.iter().any(|(n, _)| n == DELETED_AT) {
         sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {DELETED_AT} TEXT"))
