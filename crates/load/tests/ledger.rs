@@ -717,6 +717,279 @@ async fn added_column_is_written_by_a_pool_that_merged_before(postgres: bool) {
     db.drop_db().await;
 }
 
+// ---------------------------------------------------------------------------
+// The work queue
+// ---------------------------------------------------------------------------
+
+fn queue_key(pipeline: &Pipeline, day: &str) -> tidemark_load::QueueKey {
+    let period = pipeline.period(day).unwrap();
+    tidemark_load::QueueKey {
+        source: "s".into(),
+        period_start: period.start_rfc3339(),
+        period_end: period.end_rfc3339(),
+    }
+}
+
+fn queue_pipelines() -> Vec<tidemark_load::QueuePipeline> {
+    vec![tidemark_load::QueuePipeline {
+        name: "p".into(),
+        handler_version: "1".into(),
+        fields_fingerprint: pipeline().fields_fingerprint().as_str().to_string(),
+    }]
+}
+
+async fn enqueue_days(
+    store: &Store,
+    days: &[&str],
+    priority: i64,
+    requeue: &[tidemark_load::RunStatus],
+) -> u64 {
+    let p = pipeline();
+    let keys: Vec<_> = days.iter().map(|d| queue_key(&p, d)).collect();
+    store
+        .enqueue(&tidemark_load::Enqueue {
+            pipeline: "p",
+            export_type: "e",
+            keys: &keys,
+            priority,
+            by: tidemark_load::EnqueuedBy::Backfill,
+            requeue,
+            due_at: None,
+        })
+        .await
+        .unwrap()
+}
+
+/// Queuing is idempotent (the run key is the identity), claims follow the
+/// rank (priority as a head start, then age), and an empty queue claims
+/// nothing.
+async fn queue_claims_by_priority_then_age_once_each(postgres: bool) {
+    let (db, store, _) = with_table(postgres, &pipeline()).await;
+    assert_eq!(
+        enqueue_days(&store, &["2024-01-01", "2024-01-02"], 0, &[]).await,
+        2
+    );
+    assert_eq!(
+        enqueue_days(&store, &["2024-01-01", "2024-01-02"], 0, &[]).await,
+        0
+    );
+    assert_eq!(enqueue_days(&store, &["2024-01-03"], 10, &[]).await, 1);
+    let mut order = Vec::new();
+    while let Some(queued) = store
+        .claim_next(&queue_pipelines(), &request("w1"))
+        .await
+        .unwrap()
+    {
+        assert_eq!(queued.run.lease.attempt, 1);
+        order.push(queued.period_start);
+    }
+    assert_eq!(
+        order,
+        [
+            "2024-01-03T00:00:00Z",
+            "2024-01-01T00:00:00Z",
+            "2024-01-02T00:00:00Z"
+        ],
+        "priority first, then the order queued"
+    );
+    assert!(!store
+        .work_left(&["p".to_string()], &request("w1").worker)
+        .await
+        .unwrap());
+    // A key queued for a pipeline this worker does not run is not its.
+    assert!(store
+        .claim_next(
+            &[tidemark_load::QueuePipeline {
+                name: "other".into(),
+                ..queue_pipelines()[0].clone()
+            }],
+            &request("w1"),
+        )
+        .await
+        .unwrap()
+        .is_none());
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// Concurrent claims of the queue never take one key twice.
+async fn concurrent_queue_claims_take_each_key_once(postgres: bool) {
+    let (db, store, _) = with_table(postgres, &pipeline()).await;
+    let days: Vec<String> = (1..=20).map(|d| format!("2024-01-{d:02}")).collect();
+    let refs: Vec<&str> = days.iter().map(String::as_str).collect();
+    enqueue_days(&store, &refs, 0, &[]).await;
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let next = store
+                    .claim_next(&queue_pipelines(), &request(&format!("w{w}")))
+                    .await;
+                match next {
+                    Ok(Some(q)) => got.push(q.period_start),
+                    Ok(None) => return got,
+                    // SQLite's one writer may be busy a moment; try again.
+                    Err(e) if e.is_transient() => continue,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all.sort();
+    let unique: std::collections::BTreeSet<_> = all.iter().cloned().collect();
+    assert_eq!(
+        (all.len(), unique.len()),
+        (20, 20),
+        "each key claimed exactly once"
+    );
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// An interrupted attempt hands its key back with its checkpoint: the next
+/// claim (any worker) resumes under the same run id; the attempt history
+/// says `interrupted`; and a cancelled pending key is claimed by nobody.
+async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
+    let (db, store, schema) = with_table(postgres, &pipeline()).await;
+    let p = pipeline();
+    let k = key(&p, "2024-01-05");
+    let run = claimed(store.claim(&k, &request("w1")).await.unwrap());
+    let mut writer = store.writer(schema.clone(), &run, &k).await.unwrap();
+    writer
+        .write_batch(&[row(1, "a")], &[], 1, &serde_json::json!({"records": 1}))
+        .await
+        .unwrap();
+    store
+        .interrupt(&run.lease, &writer.counts(), "signal")
+        .await
+        .unwrap();
+    let entry = &store.status("p", None).await.unwrap()[0];
+    assert_eq!(entry.status, tidemark_load::RunStatus::Pending);
+    assert_eq!(entry.error_class.as_deref(), Some("interrupted"));
+    assert!(entry.lease_owner.is_none());
+    let next = store
+        .claim_next(&queue_pipelines(), &request("w2"))
+        .await
+        .unwrap()
+        .expect("the interrupted key is queued");
+    assert_eq!(
+        next.run.lease.run_id, run.lease.run_id,
+        "same run id: a resume"
+    );
+    assert_eq!(next.run.resume, Some(serde_json::json!({"records": 1})));
+    assert_eq!(next.run.lease.attempt, 2);
+    assert_eq!(
+        scalar(
+            &db.url,
+            "SELECT count(*) FROM _tm_attempts WHERE status = 'interrupted'"
+        )
+        .await,
+        1
+    );
+    // The superseded attempt can commit nothing more.
+    assert!(matches!(
+        writer
+            .write_batch(&[row(2, "b")], &[], 1, &serde_json::json!({"records": 2}))
+            .await,
+        Err(Error::LeaseLost(_))
+    ));
+
+    enqueue_days(&store, &["2024-01-06", "2024-01-07"], 0, &[]).await;
+    let day6 = p.period("2024-01-06").unwrap().start_rfc3339();
+    let cancelled = store
+        .cancel("p", None, Some(&day6), Some(&day6))
+        .await
+        .unwrap();
+    assert_eq!(cancelled, 1);
+    let next = store
+        .claim_next(&queue_pipelines(), &request("w2"))
+        .await
+        .unwrap()
+        .expect("the other key");
+    assert!(next.period_start.starts_with("2024-01-07"));
+    assert!(store
+        .claim_next(&queue_pipelines(), &request("w2"))
+        .await
+        .unwrap()
+        .is_none());
+    // Queued again by an operator, the cancelled key comes back.
+    assert_eq!(
+        enqueue_days(
+            &store,
+            &["2024-01-06"],
+            0,
+            &[tidemark_load::RunStatus::Cancelled]
+        )
+        .await,
+        1
+    );
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// A failed key records a backoff (`not_before`: one minute, doubling,
+/// capped at a day) from the clock it is given; a scheduler's queueing
+/// respects it, an operator's does not.
+async fn failed_key_backs_off_and_only_an_operator_skips_it(postgres: bool) {
+    let (db, store, _) = with_table(postgres, &pipeline()).await;
+    let p = pipeline();
+    let k = key(&p, "2024-01-05");
+    let t0 = chrono::DateTime::parse_from_rfc3339("2030-01-01T00:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let mut waits = Vec::new();
+    for _ in 0..13 {
+        let run = claimed(store.claim(&k, &request("w1")).await.unwrap());
+        store
+            .mark_failed(
+                &run.lease,
+                &Default::default(),
+                &Error::source_permanent("404"),
+                t0,
+            )
+            .await
+            .unwrap();
+        let entry = &store.status("p", None).await.unwrap()[0];
+        let not_before =
+            chrono::DateTime::parse_from_rfc3339(entry.not_before.as_deref().unwrap()).unwrap();
+        waits.push((not_before.with_timezone(&chrono::Utc) - t0).num_seconds());
+    }
+    assert_eq!(&waits[..4], &[60, 120, 240, 480]);
+    assert_eq!(*waits.last().unwrap(), 86_400, "capped at a day");
+    let schedule = |at: chrono::DateTime<chrono::Utc>| {
+        let store = store.clone();
+        let key = queue_key(&p, "2024-01-05");
+        async move {
+            store
+                .enqueue(&tidemark_load::Enqueue {
+                    pipeline: "p",
+                    export_type: "e",
+                    keys: &[key],
+                    priority: 0,
+                    by: tidemark_load::EnqueuedBy::Schedule,
+                    requeue: &[tidemark_load::RunStatus::Failed],
+                    due_at: Some(at),
+                })
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(schedule(t0).await, 0, "not before its backoff has passed");
+    assert_eq!(
+        schedule(t0 + chrono::Duration::days(2)).await,
+        1,
+        "queued once it has"
+    );
+    store.close().await;
+    db.drop_db().await;
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(false).await } )* }
@@ -725,6 +998,10 @@ macro_rules! both_backends {
 }
 
 both_backends!(
+    queue_claims_by_priority_then_age_once_each,
+    concurrent_queue_claims_take_each_key_once,
+    interrupted_key_is_resumed_and_cancelled_key_is_left,
+    failed_key_backs_off_and_only_an_operator_skips_it,
     ledger_of_the_first_migration_upgrades_with_its_history,
     concurrent_claims_have_exactly_one_winner,
     superseded_attempt_cannot_commit,
