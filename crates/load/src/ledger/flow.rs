@@ -237,8 +237,8 @@ pub(crate) async fn work_left<D: Driver>(
 /// One statement per chunk of keys, not a round trip per key; all in one
 /// transaction. Returns how many keys are newly queued.
 pub(crate) async fn enqueue<D: Driver>(driver: &D, batch: &Enqueue<'_>) -> Result<u64, Error> {
-    /// Keys per statement: well under both databases' parameter limits.
-    const CHUNK: usize = 1000;
+    /// Keys per statement.
+    const CHUNK: usize = 10_000;
     let s = sql::<D>();
     let scheduler_clock = batch.due_at.map(crate::timestamp_text);
     let head = [
@@ -250,26 +250,28 @@ pub(crate) async fn enqueue<D: Driver>(driver: &D, batch: &Enqueue<'_>) -> Resul
     let mut tx = driver.begin().await?;
     let mut queued = 0;
     for chunk in batch.keys.chunks(CHUNK) {
+        let new: serde_json::Value = chunk
+            .iter()
+            .map(|k| serde_json::json!([k.source, k.period_start, k.period_end]))
+            .collect();
         let mut args = head.to_vec();
-        for key in chunk {
-            args.extend([
-                Arg::Text(&key.source),
-                Arg::Text(&key.period_start),
-                Arg::Text(&key.period_end),
-            ]);
-        }
-        queued += tx.execute(&s.enqueue_new(chunk.len()), &args).await?;
-        if batch.requeue.is_empty() {
+        args.push(Arg::Json(Some(&new)));
+        let inserted = tx.execute(&s.enqueue_new(), &args).await?;
+        queued += inserted;
+        // Every key was new: none can be in a state to queue again.
+        if batch.requeue.is_empty() || inserted == chunk.len() as u64 {
             continue;
         }
+        let existing: serde_json::Value = chunk
+            .iter()
+            .map(|k| serde_json::json!([k.source, k.period_start]))
+            .collect();
         let mut args = head.to_vec();
-        args.push(Arg::OptText(scheduler_clock.as_deref()));
-        for key in chunk {
-            args.extend([Arg::Text(&key.source), Arg::Text(&key.period_start)]);
-        }
-        queued += tx
-            .execute(&s.requeue(chunk.len(), batch.requeue), &args)
-            .await?;
+        args.extend([
+            Arg::OptText(scheduler_clock.as_deref()),
+            Arg::Json(Some(&existing)),
+        ]);
+        queued += tx.execute(&s.requeue(batch.requeue), &args).await?;
     }
     if queued > 0 {
         wake_workers::<D>(&mut tx).await?;

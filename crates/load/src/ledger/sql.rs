@@ -82,6 +82,22 @@ impl Dialect {
         }
     }
 
+    /// The elements of a JSON array parameter as rows, each named `k.value`.
+    fn json_rows(self, param: &str) -> String {
+        match self {
+            Dialect::Postgres => format!("jsonb_array_elements({param}::jsonb) AS k(value)"),
+            Dialect::Sqlite => format!("json_each({param}) AS k"),
+        }
+    }
+
+    /// Element `i` of the JSON array `k.value` (a row of [`Dialect::json_rows`]), as text.
+    fn json_element(self, i: usize) -> String {
+        match self {
+            Dialect::Postgres => format!("(k.value->>{i})"),
+            Dialect::Sqlite => format!("json_extract(k.value, '$[{i}]')"),
+        }
+    }
+
     /// Locks the selected rows, skipping rows another transaction holds: a
     /// claim never waits behind another worker. SQLite has one writer, so
     /// its claim transaction already excludes every other.
@@ -362,56 +378,53 @@ impl Statements {
         )
     }
 
-    /// Inserts `rows` run keys as `pending`, skipping keys that exist.
-    /// `$1` pipeline, `$2` export type, `$3` priority, `$4` enqueued by; then
-    /// per key source, period start, period end.
-    pub(crate) fn enqueue_new(&self, rows: usize) -> String {
+    /// Inserts run keys as `pending`, skipping keys that exist. `$1`
+    /// pipeline, `$2` export type, `$3` priority, `$4` enqueued by, `$5` the
+    /// keys as a JSON array of `[source, period start, period end]`: one
+    /// parameter however many keys, so a chunk of thousands is one short
+    /// statement for the database to parse.
+    pub(crate) fn enqueue_new(&self) -> String {
         let d = self.dialect;
         let now = d.now();
-        let rank = d.now_minus_minutes("$3");
-        let values: Vec<String> = (0..rows)
-            .map(|i| {
-                let k = 5 + 3 * i;
-                format!(
-                    "($1, ${k}, $2, ${}, ${}, '{}', $3, {now}, $4, {rank}, {now}, {now})",
-                    k + 1,
-                    k + 2,
-                    RunStatus::Pending.as_str()
-                )
-            })
-            .collect();
         format!(
             "INSERT INTO _tm_runs (pipeline, source, export_type, period_start, period_end, status, priority,
                                    enqueued_at, enqueued_by, queue_rank, created_at, updated_at)
-             VALUES {}
+             SELECT $1, {}, $2, {}, {}, '{}', $3, {now}, $4, {}, {now}, {now}
+             FROM {} WHERE true
              ON CONFLICT (pipeline, source, export_type, period_start) DO NOTHING",
-            values.join(", ")
+            d.json_element(0),
+            d.json_element(1),
+            d.json_element(2),
+            RunStatus::Pending.as_str(),
+            d.now_minus_minutes("$3"),
+            d.json_rows("$5"),
         )
     }
 
     /// Puts existing keys in `states` back into the queue, fresh (no
     /// checkpoint). `$1` pipeline, `$2` export type, `$3` priority, `$4`
     /// enqueued by, `$5` the scheduler's clock (a failed key waits for its
-    /// `not_before`) or NULL (an operator: at once); then per key source and
-    /// period start.
-    pub(crate) fn requeue(&self, rows: usize, states: &[RunStatus]) -> String {
+    /// `not_before`) or NULL (an operator: at once), `$6` the keys as a
+    /// JSON array of `[source, period start]`.
+    pub(crate) fn requeue(&self, states: &[RunStatus]) -> String {
         let d = self.dialect;
         let now = d.now();
-        let keys: Vec<String> = (0..rows)
-            .map(|i| format!("(${}, ${})", 6 + 2 * i, 7 + 2 * i))
-            .collect();
         let states: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
         format!(
             "UPDATE _tm_runs SET status = '{}', priority = $3, enqueued_at = {now}, enqueued_by = $4,
                     queue_rank = {}, checkpoint = NULL, not_before = NULL, updated_at = {now}
-             WHERE pipeline = $1 AND export_type = $2 AND status IN ({})
-               AND ($5 IS NULL OR not_before IS NULL OR not_before <= {})
-               AND (source, period_start) IN (VALUES {})",
+             FROM (SELECT {} AS key_source, {} AS key_start FROM {}) AS keys
+             WHERE _tm_runs.pipeline = $1 AND _tm_runs.export_type = $2
+               AND _tm_runs.source = keys.key_source AND _tm_runs.period_start = keys.key_start
+               AND _tm_runs.status IN ({})
+               AND ($5 IS NULL OR _tm_runs.not_before IS NULL OR _tm_runs.not_before <= {})",
             RunStatus::Pending.as_str(),
             d.now_minus_minutes("$3"),
+            d.json_element(0),
+            d.json_element(1),
+            d.json_rows("$6"),
             states.join(", "),
             d.time_param("$5"),
-            keys.join(", ")
         )
     }
 
@@ -474,8 +487,8 @@ mod tests {
                 &s.fail_run,
                 &s.queue_next(3),
                 &s.takeover_candidates(2),
-                &s.enqueue_new(3),
-                &s.requeue(2, &[RunStatus::Failed]),
+                &s.enqueue_new(),
+                &s.requeue(&[RunStatus::Failed]),
                 &s.cancel(),
                 &s.leftovers(1),
             ] {

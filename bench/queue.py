@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""tidemark work-queue benchmark (PostgreSQL): the ledger as the queue.
+
+    python3 bench/queue.py                 # 1,000 and 10,000 periods, 3 repeats
+    python3 bench/queue.py --quick         # 300 periods, 1 repeat (development)
+
+Needs a release build (`cargo build --release`) and PostgreSQL at
+TIDEMARK_TEST_DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres);
+every measurement runs in a fresh database that is dropped afterwards.
+
+Measured in one invocation, at tidemark's defaults unless said:
+  1. N small hourly periods (5 rows each, one CSV file per hour):
+     - the queue: `backfill --enqueue`, then two `serve --no-schedule
+       --workers 2 --drain` processes started together; the time until both
+       have exited (every key done);
+     - the baseline: one `backfill --concurrency 4` of the same periods into
+       a fresh database;
+     periods/s of each and the ratio queue / backfill (median of the repeats).
+  2. Claim latency while workers are idle: two `serve` processes wait on an
+     empty queue; keys are queued one at a time, 150 ms apart; latency is
+     `started_at - enqueued_at` of each key (both by the database's clock).
+  3. `backfill --enqueue` of 100,000 hourly periods: seconds.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timedelta
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release", "tidemark")
+PG_URL = os.environ.get("TIDEMARK_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+
+PIPELINE = """
+name = "small"
+export_type = "small_hourly"
+
+[period]
+granularity = "hour"
+timezone = "UTC"
+
+[[sources]]
+id = "files"
+transport = "file"
+format = "csv"
+path = "data/{period.start:%Y/%m/%d/%H}.csv"
+missing = "empty"
+
+[fields]
+id     = { type = "text", required = true }
+amount = { type = "decimal" }
+
+[load]
+table = "small"
+key = ["id"]
+"""
+
+START = datetime(2020, 1, 1)
+
+
+def hours(n):
+    return [START + timedelta(hours=i) for i in range(n)]
+
+
+def label(at):
+    return at.strftime("%Y-%m-%dT%H")
+
+
+def make_workdir(n):
+    work = tempfile.mkdtemp(prefix="tidemark-queue-bench-")
+    os.makedirs(os.path.join(work, "pipelines"))
+    with open(os.path.join(work, "pipelines", "small.toml"), "w") as f:
+        f.write(PIPELINE)
+    for at in hours(n):
+        folder = os.path.join(work, "pipelines", "data", at.strftime("%Y/%m/%d"))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, at.strftime("%H") + ".csv"), "w") as f:
+            f.write("id,amount\n")
+            for i in range(5):
+                f.write(f"{at:%Y%m%d%H}-{i},{i}.25\n")
+    return work
+
+
+class Database:
+    """A fresh PostgreSQL database, dropped on exit."""
+
+    def __init__(self):
+        self.name = "tm_qbench_" + uuid.uuid4().hex[:12]
+        self.url = PG_URL.rsplit("/", 1)[0] + "/" + self.name
+
+    def __enter__(self):
+        psql(PG_URL, f'CREATE DATABASE "{self.name}"')
+        return self
+
+    def __exit__(self, *exc):
+        psql(PG_URL, f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+def psql(url, sql):
+    out = subprocess.run(["psql", url, "-Atqc", sql], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def tidemark(work, url, *args, background=False):
+    cmd = [BIN, "--database-url", url, *args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
+    if background:
+        return subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"tidemark {' '.join(args)} exited {out.returncode}:\n{out.stderr[-2000:]}")
+    return out
+
+
+def range_args(n):
+    last = hours(n)[-1]
+    return ["--from", label(START), "--to", label(last)]
+
+
+def check_done(url, n):
+    done = int(psql(url, "SELECT count(*) FROM _tm_runs WHERE status = 'done'"))
+    rows = int(psql(url, "SELECT count(*) FROM small"))
+    attempts = int(psql(url, "SELECT count(*) FROM _tm_attempts"))
+    if (done, rows, attempts) != (n, 5 * n, n):
+        sys.exit(f"expected {n} done keys, {5 * n} rows, {n} attempts; got {done}, {rows}, {attempts}")
+
+
+def queue_run(work, n):
+    with Database() as db:
+        tidemark(work, db.url, "migrate")
+        tidemark(work, db.url, "backfill", "small", *range_args(n), "--enqueue")
+        started = time.monotonic()
+        servers = [
+            tidemark(work, db.url, "serve", "--no-schedule", "--workers", "2", "--drain", background=True)
+            for _ in range(2)
+        ]
+        for server in servers:
+            _, err = server.communicate()
+            if server.returncode != 0:
+                sys.exit(f"serve exited {server.returncode}:\n{err[-2000:]}")
+        took = time.monotonic() - started
+        check_done(db.url, n)
+        return took
+
+
+def backfill_run(work, n):
+    with Database() as db:
+        tidemark(work, db.url, "migrate")
+        started = time.monotonic()
+        tidemark(work, db.url, "backfill", "small", *range_args(n), "--concurrency", "4")
+        took = time.monotonic() - started
+        check_done(db.url, n)
+        return took
+
+
+def claim_latency(work, keys):
+    with Database() as db:
+        tidemark(work, db.url, "migrate")
+        servers = [
+            tidemark(work, db.url, "serve", "--no-schedule", "--workers", "2", background=True)
+            for _ in range(2)
+        ]
+        time.sleep(1.5)  # both listening, the queue empty
+        for at in hours(keys):
+            tidemark(work, db.url, "backfill", "small", "--from", label(at), "--to", label(at), "--enqueue")
+            time.sleep(0.15)
+        deadline = time.monotonic() + 60
+        while int(psql(db.url, "SELECT count(*) FROM _tm_runs WHERE status = 'done'")) < keys:
+            if time.monotonic() > deadline:
+                sys.exit("the queued keys were not all done within 60 s")
+            time.sleep(0.1)
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=30)
+        rows = psql(
+            db.url,
+            "SELECT EXTRACT(EPOCH FROM (a.started_at - r.enqueued_at)) * 1000 FROM _tm_runs r "
+            "JOIN _tm_attempts a ON a.run_ref = r.id AND a.attempt = 1",
+        )
+        return sorted(float(x) for x in rows.split())
+
+
+def enqueue_time(work, n):
+    with Database() as db:
+        tidemark(work, db.url, "migrate")
+        started = time.monotonic()
+        out = tidemark(work, db.url, "backfill", "small", *range_args(n), "--enqueue")
+        took = time.monotonic() - started
+        queued = int(psql(db.url, "SELECT count(*) FROM _tm_runs WHERE status = 'pending'"))
+        if queued != n:
+            sys.exit(f"expected {n} pending keys, got {queued}: {out.stdout}")
+        return took
+
+
+def percentile(values, p):
+    values = sorted(values)
+    k = min(len(values) - 1, max(0, round(p / 100 * (len(values) - 1))))
+    return values[k]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000,10000", help="numbers of periods (comma-separated)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--latency-keys", type=int, default=40)
+    parser.add_argument("--enqueue", type=int, default=100_000, help="periods for the enqueue timing")
+    parser.add_argument("--quick", action="store_true", help="300 periods, 1 repeat, 10 latency keys, 10,000 enqueued")
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.repeat, args.latency_keys, args.enqueue = "300", 1, 10, 10_000
+    if not os.path.exists(BIN):
+        sys.exit(f"{BIN} missing: run `cargo build --release` first")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    work = make_workdir(max(sizes + [args.latency_keys]))
+    try:
+        print(f"{'periods':>8} {'queue s':>9} {'queue/s':>9} {'backfill s':>11} {'backfill/s':>11} {'ratio':>6}")
+        for n in sizes:
+            queue = [queue_run(work, n) for _ in range(args.repeat)]
+            backfill = [backfill_run(work, n) for _ in range(args.repeat)]
+            q, b = statistics.median(queue), statistics.median(backfill)
+            print(
+                f"{n:>8} {q:>9.2f} {n / q:>9.0f} {b:>11.2f} {n / b:>11.0f} {b / q:>6.2f}"
+                f"   (queue runs {', '.join(f'{t:.2f}' for t in queue)}; backfill {', '.join(f'{t:.2f}' for t in backfill)})"
+            )
+        latencies = claim_latency(work, args.latency_keys)
+        print(
+            f"claim latency, idle workers, {len(latencies)} keys: p50 {percentile(latencies, 50):.0f} ms, "
+            f"p99 {percentile(latencies, 99):.0f} ms, max {max(latencies):.0f} ms"
+        )
+        runs = [enqueue_time(work, args.enqueue) for _ in range(args.repeat)]
+        print(
+            f"backfill --enqueue of {args.enqueue:,} hourly periods: median {statistics.median(runs):.2f} s "
+            f"({', '.join(f'{t:.2f}' for t in runs)})"
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
