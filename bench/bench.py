@@ -1,19 +1,26 @@
 #!/usr/bin/env python3
 """tidemark load benchmark: rows/s against a COPY / sqlite3 .import baseline
-measured in the same run, rows actually written, and peak RSS.
+measured in the same run, rows actually written, and peak RSS, with
+tidemark at its default settings and, for comparison, at --concurrency 2.
 
-    python3 bench/bench.py                  # 1,000,000 rows over 20 days, 3 repeats
-    python3 bench/bench.py --rows 200000 --repeat 1
-    python3 bench/bench.py --one-period     # also: 1,000,000 rows in one period (RSS)
+    python3 bench/bench.py                  # everything below, about 12 minutes on 2 cores
+    python3 bench/bench.py --quick          # the same cases, small (about 2 minutes)
+    python3 bench/bench.py --only days --repeat 3    # one case, medians of 3
+
+Cases (--only days|period|small, default all):
+  days    1,000,000 order rows over 20 daily files (the original case)
+  period  one period of 10,000,000 rows, generated on the fly (not kept):
+          first load, mutated re-sync, unchanged re-sync, peak RSS of each
+  small   2,000 periods of 5 rows (day files): periods per second
 
 Needs: a release build (`cargo build --release`), psql and sqlite3 on PATH,
-and PostgreSQL at TIDEMARK_TEST_DATABASE_URL (default
-postgres://postgres@127.0.0.1:5432/postgres). Each PostgreSQL scenario runs in
-a fresh database that is dropped afterwards.
+GNU time at /usr/bin/time, and PostgreSQL at TIDEMARK_TEST_DATABASE_URL
+(default postgres://postgres@127.0.0.1:5432/postgres). Each PostgreSQL
+scenario runs in a fresh database that is dropped afterwards.
 
-Steps per repeat, on PostgreSQL:
+Steps of the days and period cases, on PostgreSQL:
   1. baseline: COPY of all files into an empty table with the same primary key
-     (and, for reference, COPY of the same rows with tidemark's six lineage
+     (and, for the days case, COPY of the same rows with tidemark's six lineage
      columns filled into tidemark's table shape: natural key UNIQUE plus the
      run-key index)
   2. tidemark first backfill of the periods into an empty database
@@ -257,12 +264,16 @@ def sqlite_baseline(folder, days, total, shape=False):
     return secs
 
 
-CONCURRENCY = 2
+# tidemark's settings each case runs with: its defaults (what a user who
+# types the README's command gets), and --concurrency 2 for comparison.
+SETTINGS = [("defaults", None), ("--concurrency 2", 2)]
 
 
-def tidemark(folder, url, days, force):
+def tidemark(folder, url, days, force, concurrency):
     cmd = [BIN, "--database-url", url, "backfill", os.path.join(folder, "bench.toml"),
-           "--from", days[0].isoformat(), "--to", days[-1].isoformat(), "--concurrency", str(CONCURRENCY)]
+           "--from", days[0].isoformat(), "--to", days[-1].isoformat()]
+    if concurrency:
+        cmd += ["--concurrency", str(concurrency)]
     if force:
         cmd.append("--force")
     env = dict(os.environ, TIDEMARK_LOG="warn")
@@ -294,31 +305,32 @@ def sqlite_written(db, before):
     return f"{int(out)} rows inserted or updated, net {count_after - count_before:+d} rows"
 
 
-def scenario(folder, total, periods, granularity, batch_size, backend):
-    """One repeat: returns {step: (seconds, rss)} and written-row counts."""
-    shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
-    data = generate(folder, total, periods, granularity, batch_size)
-    days = sorted(data)
-    results = {}
-    if backend == "postgres":
-        results["baseline"] = (pg_baseline(folder, days, total), None)
-        results["shape"] = (pg_baseline(folder, days, total, shape=True), None)
-        name, url = fresh_pg()
-    else:
-        results["baseline"] = (sqlite_baseline(folder, days, total), None)
-        results["shape"] = (sqlite_baseline(folder, days, total, shape=True), None)
-        name, url = None, f"sqlite://{folder}/tidemark.db"
+def fresh_target(folder, backend):
+    """An empty destination: (pg database name or None, url, sqlite file)."""
     db = f"{folder}/tidemark.db"
+    for f in (db, db + "-wal", db + "-shm"):
+        if os.path.exists(f):
+            os.remove(f)
+    if backend == "postgres":
+        name, url = fresh_pg()
+        return name, url, db
+    return None, f"sqlite://{db}", db
+
+
+def tidemark_steps(folder, days, backend, concurrency, restore, mutate_files):
+    """First backfill, mutated re-sync, unchanged re-sync into a fresh
+    database: {step: (seconds, rss)} and {step: rows written}."""
+    restore()
+    name, url, db = fresh_target(folder, backend)
     snapshot = (lambda: pg_writes(url)) if name else (lambda: sqlite_state(db))
+    results, writes = {}, {}
     try:
-        writes = {}
-        steps = [("first", False, None), ("mutated", True, lambda: mutate(folder, data)), ("unchanged", True, None)]
         before = (0, 0, 0) if name else (0, "")
-        for step, force, prepare in steps:
+        for step, force, prepare in [("first", False, None), ("mutated", True, mutate_files),
+                                     ("unchanged", True, None)]:
             if prepare:
                 prepare()
-            results[step] = tidemark(folder, url, days, force=force)
+            results[step] = tidemark(folder, url, days, force, concurrency)
             if name:
                 after = snapshot()
                 writes[step] = "ins/upd/del = " + "/".join(str(a - b) for a, b in zip(after, before))
@@ -332,51 +344,214 @@ def scenario(folder, total, periods, granularity, batch_size, backend):
             drop_pg(name)
 
 
-def report(backend, runs, total, baseline_name):
-    print(f"\n== {backend}: {total:,} rows, median of {len(runs)} run(s), tidemark --concurrency {CONCURRENCY} ==")
+def days_scenario(folder, total, periods, batch_size, backend):
+    """The days case, one repeat: baselines, then tidemark at each setting."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    data = generate(folder, total, periods, "day", batch_size)
+    days = sorted(data)
+    results = {}
+    if backend == "postgres":
+        results["baseline"] = (pg_baseline(folder, days, total), None)
+        results["shape"] = (pg_baseline(folder, days, total, shape=True), None)
+    else:
+        results["baseline"] = (sqlite_baseline(folder, days, total), None)
+        results["shape"] = (sqlite_baseline(folder, days, total, shape=True), None)
+    writes = {}
+
+    def restore():
+        for day, rows in data.items():
+            write_day(folder, day, rows)
+
+    for label, concurrency in SETTINGS:
+        steps, written = tidemark_steps(folder, days, backend, concurrency, restore,
+                                        lambda: mutate(folder, data))
+        for step, value in steps.items():
+            results[(label, step)] = value
+            writes[(label, step)] = written[step]
+    return results, writes
+
+
+STEP_LABELS = {"first": "first backfill", "mutated": "re-sync, 10%/2%/2% changed",
+               "unchanged": "re-sync, unchanged"}
+
+
+def report(title, runs, total, baseline_name, settings, shape=True):
+    print(f"\n== {title}: {total:,} rows, median of {len(runs)} run(s) ==")
     med = {step: statistics.median(r[0][step][0] for r in runs) for step in runs[0][0]}
+    spread = {step: (min(r[0][step][0] for r in runs), max(r[0][step][0] for r in runs)) for step in runs[0][0]}
     base = total / med["baseline"]
-    print(f"{'step':<34} {'seconds':>8} {'rows/s':>10} {'x baseline':>10} {'peak RSS':>10}  rows written (pg_stat_user_tables / _tm_loaded_at)")
-    labels = {"baseline": baseline_name, "shape": "  same, into tidemark's table shape",
-              "first": "tidemark first backfill",
-              "mutated": "tidemark re-sync, 10%/2%/2% changed", "unchanged": "tidemark re-sync, unchanged"}
-    for step, label in labels.items():
-        secs = med[step]
-        rss = max((r[0][step][1] or 0) for r in runs)
-        written = runs[-1][1].get(step, "")
-        print(f"{label:<34} {secs:>8.2f} {total / secs:>10,.0f} {total / secs / base:>10.2f} "
-              f"{(f'{rss:.0f} MiB' if rss else '-'):>10}  {written}")
-    print(f"unchanged re-sync vs first backfill: {med['first'] / med['unchanged']:.2f}x faster")
-    print(f"first backfill vs the baseline tool loading tidemark's table shape: "
-          f"{med['shape'] / med['first']:.2f}x")
+    print(f"{'step':<56} {'seconds':>8} {'rows/s':>10} {'x baseline':>10} {'peak RSS':>10}  rows written")
+
+    def line(label, key):
+        secs = med[key]
+        rss = max((r[0][key][1] or 0) for r in runs)
+        written = runs[-1][1].get(key, "")
+        lo, hi = spread[key]
+        noise = f" ({lo:.2f}-{hi:.2f})" if len(runs) > 1 else ""
+        print(f"{label:<56} {secs:>8.2f} {total / secs:>10,.0f} {total / secs / base:>10.2f} "
+              f"{(f'{rss:.0f} MiB' if rss else '-'):>10}  {written}{noise}")
+
+    line(baseline_name, "baseline")
+    if shape:
+        line("  same, into tidemark's table shape", "shape")
+    for label, _ in settings:
+        for step, name in STEP_LABELS.items():
+            line(f"tidemark {name} [{label}]", (label, step))
+        first, unchanged = med[(label, "first")], med[(label, "unchanged")]
+        print(f"  [{label}] unchanged re-sync vs first backfill: {first / unchanged:.2f}x faster"
+              + (f"; first backfill vs the baseline tool on tidemark's table shape: {med['shape'] / first:.2f}x"
+                 if shape else ""))
+
+
+# The one-period case streams its rows: 10,000,000 of them do not fit in
+# this script's memory, and the mutated version is the same rows with the
+# same mutation rule as mutate(), generated again rather than read back.
+NOTES = "abcdefghijklmnopqrstuvwxyz " * 4
+
+
+def write_period(path, rows, mutated):
+    rng = random.Random(42)
+    change = random.Random(7)
+    statuses = ("new", "paid", "shipped", "cancelled")
+    with open(path, "w", buffering=1 << 20) as f:
+        f.write(COLUMNS + "\n")
+        out = []
+
+        def emit(key, x):
+            t = x % 86400
+            u = (t + (x >> 20) % 3600) % 86400
+            amount = ((x >> 24) % 9999900 + 100) / 100
+            status = statuses[(x >> 40) & 3]
+            if mutated and change.random() < 0.10 / 0.98:
+                amount, status = ((x >> 44) % 9999900 + 100) / 100, "refunded"
+            o = (x >> 30) % 60
+            out.append(f"{key},{(x >> 8) % 50 + 1},customer-{(x >> 12) % 5000 + 1:05d},{amount:.2f},{status},"
+                       f"2024-01-01T{t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}Z,"
+                       f"2024-01-01T{u // 3600:02d}:{u // 60 % 60:02d}:{u % 60:02d}Z,{NOTES[o:o + 40]}\n")
+            if len(out) >= 20000:
+                f.write("".join(out))
+                out.clear()
+
+        for n in range(rows):
+            x = rng.getrandbits(64)
+            if mutated and x % 50 == 7:
+                continue  # 2% deleted
+            emit(f"ORD-{n:09d}", x)
+        if mutated:
+            for n in range(rows // 50):
+                emit(f"NEW-{n:09d}", rng.getrandbits(64))  # 2% added
+        f.write("".join(out))
+
+
+def period_files(folder, rows, batch_size):
+    """Writes the period's export in both versions once (for every
+    backend); the pipeline reads whichever `orders.csv` links to."""
+    shutil.rmtree(folder, ignore_errors=True)
+    day = date(2024, 1, 1)
+    os.makedirs(os.path.join(folder, "data", day.isoformat()))
+    with open(os.path.join(folder, "bench.toml"), "w") as f:
+        f.write(PIPELINE.format(granularity="day", batch_size=batch_size))
+    versions = [os.path.join(folder, f"orders.v{v}.csv") for v in (1, 2)]
+    for path, mutated in zip(versions, (False, True)):
+        write_period(path, rows, mutated)
+    return day, versions
+
+
+def use_version(folder, day, version):
+    link = os.path.join(folder, "data", day.isoformat(), "orders.csv")
+    if os.path.lexists(link):
+        os.remove(link)
+    os.symlink(version, link)
+
+
+def period_scenario(folder, rows, backend, day, versions):
+    """One period of `rows` rows: baseline, then tidemark at its defaults."""
+    use_version(folder, day, versions[0])
+    results = {"baseline": ((pg_baseline if backend == "postgres" else sqlite_baseline)(folder, [day], rows), None)}
+    steps, written = tidemark_steps(folder, [day], backend, None,
+                                    lambda: use_version(folder, day, versions[0]),
+                                    lambda: use_version(folder, day, versions[1]))
+    writes = {}
+    for step, value in steps.items():
+        results[("defaults", step)] = value
+        writes[("defaults", step)] = written[step]
+    return results, writes
+
+
+def small_scenario(folder, periods, backend):
+    """`periods` day files of 5 rows: a first backfill per setting."""
+    shutil.rmtree(folder, ignore_errors=True)
+    rng = random.Random(3)
+    days = [date(2020, 1, 1) + timedelta(days=i) for i in range(periods)]
+    for i, day in enumerate(days):
+        write_day(folder, day, [gen_row(rng, f"S-{i:05d}-{n}", day) for n in range(5)])
+    with open(os.path.join(folder, "bench.toml"), "w") as f:
+        f.write(PIPELINE.format(granularity="day", batch_size=10_000))
+    results = {}
+    for label, concurrency in SETTINGS:
+        name, url, _ = fresh_target(folder, backend)
+        try:
+            results[label] = tidemark(folder, url, days, False, concurrency)
+        finally:
+            if name:
+                drop_pg(name)
+    shutil.rmtree(folder, ignore_errors=True)
+    return results
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--quick", action="store_true",
+                    help="small sizes for development: 200,000 rows over 20 days, one period of 1,000,000, 500 small periods")
+    ap.add_argument("--only", choices=["days", "period", "small"], action="append",
+                    help="run only these cases (repeatable; default all)")
+    ap.add_argument("--rows", type=int, help="rows of the days case (default 1,000,000)")
     ap.add_argument("--periods", type=int, default=20)
-    ap.add_argument("--repeat", type=int, default=3, help="runs per backend (0: only --one-period)")
+    ap.add_argument("--period-rows", type=int, help="rows of the one-period case (default 10,000,000)")
+    ap.add_argument("--small-periods", type=int, help="periods of the small case (default 2,000)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of the days and small cases (medians)")
     ap.add_argument("--batch-size", type=int, default=10_000)
     ap.add_argument("--backend", choices=["postgres", "sqlite", "both"], default="both")
-    ap.add_argument("--one-period", action="store_true", help="also load all rows as one period (RSS check)")
-    ap.add_argument("--concurrency", type=int, default=2, help="periods at once (default 2: one per core)")
     ap.add_argument("--dir", default=os.path.join(ROOT, "bench", "data"))
     args = ap.parse_args()
-    global CONCURRENCY
-    CONCURRENCY = args.concurrency
+    rows = args.rows or (200_000 if args.quick else 1_000_000)
+    period_rows = args.period_rows or (1_000_000 if args.quick else 10_000_000)
+    small = args.small_periods or (500 if args.quick else 2_000)
+    cases = args.only or ["days", "period", "small"]
     if not os.path.exists(BIN):
         sys.exit("build first: cargo build --release")
     backends = ["postgres", "sqlite"] if args.backend == "both" else [args.backend]
-    for backend in backends if args.repeat > 0 else []:  # --repeat 0: only --one-period
-        runs = [scenario(args.dir, args.rows, args.periods, "day", args.batch_size, backend)
-                for _ in range(args.repeat)]
-        report(backend, runs, args.rows, "COPY baseline (psql \\copy)" if backend == "postgres"
-               else "sqlite3 .import baseline")
-    if args.one_period:
-        for backend in backends:
-            runs = [scenario(args.dir, args.rows, 1, "day", args.batch_size, backend)]
-            report(f"{backend}, one period of {args.rows:,} rows", runs, args.rows,
-                   "COPY baseline" if backend == "postgres" else "sqlite3 .import baseline")
+    started = time.perf_counter()
+    baseline = {"postgres": "COPY baseline (psql \\copy)", "sqlite": "sqlite3 .import baseline"}
+    period_dir = args.dir + "-period"
+    if "period" in cases:
+        # Two versions of the export, the baseline's table, then tidemark's
+        # table and WAL: about 1.1 KB of disk a row at the peak. A full disk
+        # takes PostgreSQL down for everyone on the machine: refuse first.
+        need = period_rows * 1100
+        free = shutil.disk_usage(os.path.dirname(period_dir)).free
+        if free < need:
+            sys.exit(f"the one-period case of {period_rows:,} rows needs about {need / 2**30:.1f} GiB of free disk, "
+                     f"{free / 2**30:.1f} GiB are free: pass --period-rows N or free some space")
+        day, versions = period_files(period_dir, period_rows, args.batch_size)
+    for backend in backends:
+        if "days" in cases:
+            runs = [days_scenario(args.dir, rows, args.periods, args.batch_size, backend)
+                    for _ in range(args.repeat)]
+            report(f"{backend}, {args.periods} daily periods", runs, rows, baseline[backend], SETTINGS)
+        if "period" in cases:
+            runs = [period_scenario(period_dir, period_rows, backend, day, versions)]
+            report(f"{backend}, one period", runs, period_rows, baseline[backend], SETTINGS[:1], shape=False)
+        if "small" in cases:
+            runs = [small_scenario(args.dir, small, backend) for _ in range(args.repeat)]
+            print(f"\n== {backend}: {small:,} periods of 5 rows, first backfill, median of {len(runs)} ==")
+            for label, _ in SETTINGS:
+                secs = statistics.median(r[label][0] for r in runs)
+                rss = max(r[label][1] for r in runs)
+                print(f"tidemark [{label}]: {secs:.2f} s, {small / secs:,.0f} periods/s, peak RSS {rss:.0f} MiB")
+    shutil.rmtree(period_dir, ignore_errors=True)
+    print(f"\n(bench took {time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -714,7 +714,7 @@ impl Env {
         }
     }
 
-    /// Runs tidemark with extra environment variables.
+    /// Runs tidemark with extra environment variables (`TIDEMARK_LOG`, say).
     pub fn tidemark_env(&self, vars: &[(&str, &str)], args: &[&str]) -> Out {
         let started = Instant::now();
         let mut command = self.command(args);

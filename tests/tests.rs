@@ -11,6 +11,8 @@ mod guards;
 mod hardening_extract;
 mod hardening_periods;
 mod http;
+mod memory_budget;
+mod ownership;
 mod scheduler;
 mod service;
 mod storage;

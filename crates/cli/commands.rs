@@ -206,13 +206,15 @@ async fn run(global: &Global, args: RunArgs, ctx: &Context) -> Result<Exit, Erro
 }
 
 /// Runs jobs `concurrency` at a time (with a progress bar when `progress`
-/// and stderr is a terminal); outcomes sorted by pipeline, period and source.
+/// and stderr is a terminal), handing each outcome to `each` as its run
+/// finishes instead of keeping them all: a backfill's summary streams.
 pub async fn run_jobs(
     jobs: Vec<Job>,
     concurrency: usize,
     progress: bool,
     ctx: &Context,
-) -> Vec<(RunKey, Outcome)> {
+    mut each: impl FnMut(RunKey, Outcome),
+) {
     use futures_util::StreamExt;
 
     let progress = if progress {
@@ -225,7 +227,7 @@ pub async fn run_jobs(
     // the same way (or wait on locks), and nothing is gained by trying.
     let stopped: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
     let stopped = &stopped;
-    let mut results: Vec<(RunKey, Outcome)> = futures_util::stream::iter(jobs)
+    let mut outcomes = futures_util::stream::iter(jobs)
         .map(|job| {
             let progress = progress.clone();
             async move {
@@ -246,18 +248,11 @@ pub async fn run_jobs(
                 (key, outcome)
             }
         })
-        .buffer_unordered(concurrency.max(1))
-        .collect()
-        .await;
+        .buffer_unordered(concurrency.max(1));
+    while let Some((key, outcome)) = outcomes.next().await {
+        progress.suspend(|| each(key, outcome));
+    }
     progress.finish_and_clear();
-    results.sort_by(|a, b| {
-        (&a.0.pipeline, a.0.period.start(), &a.0.source).cmp(&(
-            &b.0.pipeline,
-            b.0.period.start(),
-            &b.0.source,
-        ))
-    });
-    results
 }
 
 /// The periods `--from` to `--to` name, both included.
@@ -303,18 +298,22 @@ async fn backfill(global: &Global, args: BackfillArgs, ctx: &Context) -> Result<
     };
     let jobs = jobs(&store, &pipeline, &planned, &args.options, false);
     let left = planned.len() - jobs.len();
-    let results = run_jobs(jobs, usize::from(args.concurrency), true, ctx).await;
+    drop(planned);
+    let concurrency = crate::cli::concurrency(args.concurrency, &global.database_url);
+    let mut summary = output::Summary::default();
+    run_jobs(jobs, concurrency, true, ctx, |key, outcome| {
+        summary.add(&key, &outcome);
+    })
+    .await;
     store.close().await;
-    output::print_summary(&results);
+    let exit = summary.finish();
     if let Some(only) = args.only {
         say!(
             "{left} run key(s) of the range left alone (not {})",
             only.name()
         );
     }
-    Ok(Exit::worst(
-        results.iter().map(|(_, o)| Exit::of_outcome(o)),
-    ))
+    Ok(exit)
 }
 
 /// Every pipeline file in the pipelines folder, loaded and checked (for a
@@ -411,12 +410,14 @@ async fn sync(global: &Global, args: SyncArgs, ctx: &Context) -> Result<Exit, Er
         store.close().await;
         return Ok(Exit::Success);
     }
-    let results = run_jobs(jobs, usize::from(args.concurrency), true, ctx).await;
+    let concurrency = crate::cli::concurrency(args.concurrency, &global.database_url);
+    let mut summary = output::Summary::default();
+    run_jobs(jobs, concurrency, true, ctx, |key, outcome| {
+        summary.add(&key, &outcome);
+    })
+    .await;
     store.close().await;
-    output::print_summary(&results);
-    Ok(Exit::worst(
-        results.iter().map(|(_, o)| Exit::of_outcome(o)),
-    ))
+    Ok(summary.finish())
 }
 
 /// `backfill --enqueue`: the keys the backfill would take (its plan: the
@@ -553,19 +554,32 @@ async fn status(global: &Global, args: StatusArgs) -> Result<Exit, Error> {
         .map(|p| pipeline.period(p))
         .transpose()?;
     let store = Store::connect(&global.database_url).await?;
-    let start = period.map(|p| p.start_rfc3339());
-    let entries = plan::ledger_entries(&store, &pipeline, start.as_deref()).await;
-    let entries = match entries {
-        Ok(entries) => entries,
-        Err(e) => {
-            store.close().await;
-            return Err(e);
-        }
-    };
-    if args.json {
-        output::print_status_json(&entries);
-    } else {
-        output::print_status_table(&pipeline, &entries);
+    // Printed as the ledger streams in: `status` of 100,000 run keys holds
+    // one entry at a time.
+    let version = &pipeline.spec.version;
+    let fingerprint = pipeline.fields_fingerprint();
+    let mut table = output::StatusTable::default();
+    let read = store
+        .status_each(
+            &pipeline.spec.name,
+            period.map(|p| p.start_rfc3339()).as_deref(),
+            |mut entry| {
+                entry.judge_staleness(version, &fingerprint);
+                if args.json {
+                    output::print_status_json(&entry);
+                } else {
+                    table.add(&entry);
+                }
+                Ok(())
+            },
+        )
+        .await;
+    if let Err(e) = read {
+        store.close().await;
+        return Err(e);
+    }
+    if !args.json {
+        table.finish(&pipeline);
     }
     store.close().await;
     Ok(Exit::Success)

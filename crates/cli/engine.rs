@@ -10,7 +10,7 @@ use tidemark_core::{Error, KeyMap, Origin, Pipeline, RetryPolicy, Row, RunKey};
 use tidemark_extract::Checkpoint;
 use tidemark_load::{
     Claim, ClaimRequest, ClaimedRun, Counts, Lease, Reconcile, Reject, RunWriter, Store,
-    TableSchema, WorkerId,
+    TableSchema, WorkerId, WriterOptions,
 };
 use tidemark_transform::Transformer;
 
@@ -164,6 +164,13 @@ impl Job {
         heartbeat.abort();
         match result {
             Ok(Ended::Done(result)) => {
+                let superseded = counts.rows_superseded;
+                if superseded > 0 {
+                    tracing::info!(
+                        rows_superseded = superseded,
+                        "{superseded} row(s) left as they are: a later period holds their key (`TIDEMARK_LOG=debug` names them)"
+                    );
+                }
                 tracing::info!(elapsed_ms = started.elapsed().as_millis(), result = %result, "run done");
                 Outcome::Done(result)
             }
@@ -238,7 +245,14 @@ impl Job {
         let mut batches = self.produce(committed.clone(), &transformer);
         let mut writer = self.open_writer(&schema, &run).await?;
         let mut backoff = Backoff::new(&pipeline.retry);
+        let reconcile = Reconcile {
+            on_missing: pipeline.spec.load.on_missing,
+            max_delete_fraction: pipeline.spec.load.max_delete_fraction,
+            force_deletes: self.flags.force_deletes,
+        };
         let mut received = false;
+        // A batch received while looking whether the first one was the last.
+        let mut pending = None;
         loop {
             // A stop asked for: the batches committed so far stay, and the
             // key goes back to the queue with their checkpoint. (A batch
@@ -246,8 +260,12 @@ impl Job {
             if shutdown.requested() {
                 return Ok(Ended::Interrupted);
             }
-            let Some(next) = batches.recv().await else {
-                break;
+            let next = match pending.take() {
+                Some(next) => next,
+                None => match batches.recv().await {
+                    Some(next) => next,
+                    None => break,
+                },
             };
             let batch = match next {
                 Ok(batch) => batch,
@@ -276,9 +294,24 @@ impl Job {
             let (rows, rejects) = self.dedupe(
                 batch.rows,
                 batch.rejects,
-                &writer,
+                &mut writer,
                 transformer.key_indices(),
             )?;
+            // A first batch shorter than a full one usually means the source
+            // ended: then it commits with the reconciliation and `done`, one
+            // transaction for the whole period.
+            let short = batch.read < pipeline.spec.load.batch_size as u64;
+            if writer.batches() == 0 && short {
+                match batches.recv().await {
+                    None => {
+                        let last = (&rows[..], &rejects[..], batch.read, &batch.checkpoint);
+                        let result = finish_one(&mut writer, last, &reconcile, &mut backoff).await;
+                        *counts = writer.counts();
+                        return result.map(Ended::Done);
+                    }
+                    Some(next) => pending = Some(next),
+                }
+            }
             loop {
                 match writer
                     .write_batch(&rows, &rejects, batch.read, &batch.checkpoint)
@@ -299,11 +332,6 @@ impl Job {
             );
             committed = Some(batch.checkpoint);
         }
-        let reconcile = Reconcile {
-            on_missing: pipeline.spec.load.on_missing,
-            max_delete_fraction: pipeline.spec.load.max_delete_fraction,
-            force_deletes: self.flags.force_deletes,
-        };
         finish(&mut writer, &reconcile, &mut backoff)
             .await
             .map(Ended::Done)
@@ -316,8 +344,13 @@ impl Job {
         schema: &TableSchema,
         run: &ClaimedRun,
     ) -> Result<RunWriter, Error> {
+        let load = &self.pipeline.spec.load;
+        let options = WriterOptions {
+            memory_budget: load.memory_budget_bytes(),
+            track_new_keys: load.on_duplicate_key != DuplicateKeyPolicy::Last,
+        };
         retry(&self.pipeline.retry, "open the writer", || {
-            self.store.writer(schema.clone(), run, &self.key)
+            self.store.writer(schema.clone(), run, &self.key, options)
         })
         .await
     }
@@ -342,7 +375,7 @@ impl Job {
         &self,
         typed: Vec<(Row, Origin)>,
         rejected: Vec<(Error, Reject)>,
-        writer: &RunWriter,
+        writer: &mut RunWriter,
         key_indices: &[usize],
     ) -> Result<(Vec<Row>, Vec<Reject>), Error> {
         let load = &self.pipeline.spec.load;
@@ -357,12 +390,16 @@ impl Job {
         let mut rows: Vec<Row> = Vec::with_capacity(typed.len());
         let mut index: KeyMap<usize> =
             KeyMap::with_capacity_and_hasher(typed.len(), Default::default());
-        for (row, origin) in typed {
+        // With "last", a key seen in an earlier batch is simply written
+        // again (the later row wins), so that lookup is skipped.
+        let earlier_batches = if load.on_duplicate_key == DuplicateKeyPolicy::Last {
+            vec![false; typed.len()]
+        } else {
+            let keys: Vec<_> = typed.iter().map(|(row, _)| row.key_hash).collect();
+            writer.seen_before(&keys)?
+        };
+        for ((row, origin), seen_before) in typed.into_iter().zip(earlier_batches) {
             let earlier = index.get(&row.key_hash).copied();
-            // With "last", a key seen in an earlier batch is simply written
-            // again (the later row wins), so that lookup is skipped.
-            let seen_before =
-                load.on_duplicate_key != DuplicateKeyPolicy::Last && writer.was_seen(row.key_hash);
             if earlier.is_some() || seen_before {
                 match load.on_duplicate_key {
                     DuplicateKeyPolicy::First => continue,
@@ -371,7 +408,7 @@ impl Job {
                             "{}: duplicate natural key ({}) = ({}) in this period's input (load.on_duplicate_key = \"error\")",
                             origin.location(),
                             load.key.join(", "),
-                            key_text(&row, key_indices)
+                            row.key_text(key_indices)
                         )))
                     }
                     DuplicateKeyPolicy::Last => {
@@ -403,6 +440,25 @@ async fn finish(
     }
 }
 
+/// Commits a period's only batch with its reconciliation, with retries.
+async fn finish_one(
+    writer: &mut RunWriter,
+    (rows, rejects, read, checkpoint): (&[Row], &[Reject], u64, &Checkpoint),
+    reconcile: &Reconcile,
+    backoff: &mut Backoff<'_>,
+) -> Result<serde_json::Value, Error> {
+    loop {
+        match writer
+            .write_last_batch(rows, rejects, read, checkpoint, reconcile)
+            .await
+        {
+            Ok(result) => return Ok(result),
+            Err(e) if backoff.should_retry(&e, "commit the period").await => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn fresh(run: ClaimedRun, run_id: String) -> ClaimedRun {
     ClaimedRun {
         lease: Lease {
@@ -414,17 +470,6 @@ fn fresh(run: ClaimedRun, run_id: String) -> ClaimedRun {
         batches: 0,
         seen: Default::default(),
     }
-}
-
-fn key_text(row: &Row, key: &[usize]) -> String {
-    key.iter()
-        .map(|&i| {
-            row.values[i]
-                .canonical_text()
-                .unwrap_or_else(|| "NULL".into())
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Renews the lease every third of its length until aborted.

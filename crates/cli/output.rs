@@ -5,9 +5,10 @@ use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tidemark_core::{Pipeline, RunKey};
-use tidemark_load::LedgerEntry;
+use tidemark_load::{Counts, LedgerEntry};
 
 use crate::engine::Outcome;
+use crate::exit::Exit;
 
 /// A progress bar on stderr when it is a terminal; hidden otherwise.
 pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
@@ -52,22 +53,41 @@ fn count(result: &serde_json::Value, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// `backfill`: one line per run key, then totals.
-pub fn print_summary(results: &[(RunKey, Outcome)]) {
-    say!(
-        "{:<20} {:<12} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "PERIOD",
-        "SOURCE",
-        "STATUS",
-        "READ",
-        "INSERTED",
-        "UPDATED",
-        "UNCHANGED",
-        "DELETED",
-        "REJECTED"
-    );
-    let mut tally = [0usize; 7];
-    for (key, outcome) in results {
+/// `backfill` and `sync`: one line per run key as it finishes, then
+/// totals. Only the counters, the worst exit and the first "not run" reason
+/// are kept, never the runs' results: a backfill of 100,000 periods holds
+/// no more than one of ten.
+#[derive(Debug, Default)]
+pub struct Summary {
+    /// done, already done, held, failed, not run, interrupted, stopped.
+    tally: [usize; 7],
+    not_run: Option<String>,
+    exit: Option<Exit>,
+}
+
+impl Summary {
+    fn header() {
+        say!(
+            "{:<20} {:<12} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
+            "PERIOD",
+            "SOURCE",
+            "STATUS",
+            "READ",
+            "INSERTED",
+            "UPDATED",
+            "UNCHANGED",
+            "DELETED",
+            "REJECTED",
+            "SUPERSEDED"
+        );
+    }
+
+    /// Prints the line of one finished run key (the header before the
+    /// first) and counts it.
+    pub fn add(&mut self, key: &RunKey, outcome: &Outcome) {
+        if self.total() == 0 {
+            Self::header();
+        }
         let (status, result, slot) = match outcome {
             Outcome::Done(r) => ("done", Some(r), 0),
             Outcome::AlreadyDone(r) => ("skipped", Some(r), 1),
@@ -77,18 +97,11 @@ pub fn print_summary(results: &[(RunKey, Outcome)]) {
             Outcome::Interrupted => ("interrupted", None, 5),
             Outcome::Stopped => ("stopped", None, 6),
         };
-        tally[slot] += 1;
-        let counts = [
-            "rows_read",
-            "rows_inserted",
-            "rows_updated",
-            "rows_unchanged",
-            "rows_deleted",
-            "rows_rejected",
-        ]
-        .map(|n| result.map_or_else(|| "-".to_string(), |r| count(r, n).to_string()));
+        self.tally[slot] += 1;
+        let counts = Counts::COLUMNS
+            .map(|n| result.map_or_else(|| "-".to_string(), |r| count(r, n).to_string()));
         say!(
-            "{:<20} {:<12} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "{:<20} {:<12} {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
             key.period.label(),
             key.source,
             status,
@@ -97,74 +110,96 @@ pub fn print_summary(results: &[(RunKey, Outcome)]) {
             counts[2],
             counts[3],
             counts[4],
-            counts[5]
+            counts[5],
+            counts[6]
         );
-        if let Outcome::Failed(error) = outcome {
-            tell!("error: {key}: {} error: {error}", error.class());
+        match outcome {
+            Outcome::Failed(error) => tell!("error: {key}: {} error: {error}", error.class()),
+            Outcome::Held { owner } => tell!("held: {key} is being run by {owner}"),
+            Outcome::NotRun { reason } => {
+                self.not_run.get_or_insert_with(|| reason.clone());
+            }
+            Outcome::Done(_)
+            | Outcome::AlreadyDone(_)
+            | Outcome::Interrupted
+            | Outcome::Stopped => {}
         }
-        if let Outcome::Held { owner } = outcome {
-            tell!("held: {key} is being run by {owner}");
-        }
+        let exit = Exit::of_outcome(outcome);
+        self.exit = Some(Exit::worst(self.exit.into_iter().chain([exit])));
     }
-    let mut not_run = String::new();
-    for (n, what) in [
-        (tally[4], "not run"),
-        (tally[5], "interrupted"),
-        (tally[6], "not started (stopping)"),
-    ] {
-        if n > 0 {
-            not_run.push_str(&format!(", {n} {what}"));
-        }
+
+    fn total(&self) -> usize {
+        self.tally.iter().sum()
     }
-    say!(
-        "{} run key(s): {} done, {} already done (skipped), {} held elsewhere, {} failed{not_run}",
-        results.len(),
-        tally[0],
-        tally[1],
-        tally[2],
-        tally[3]
-    );
-    if let Some((_, Outcome::NotRun { reason })) = results
-        .iter()
-        .find(|(_, o)| matches!(o, Outcome::NotRun { .. }))
-    {
-        tell!("{} run key(s) not run: {reason}", tally[4]);
+
+    /// The totals line; the exit code of the worst outcome.
+    pub fn finish(self) -> Exit {
+        if self.total() == 0 {
+            Self::header();
+        }
+        let tally = self.tally;
+        let mut not_run = String::new();
+        for (n, what) in [
+            (tally[4], "not run"),
+            (tally[5], "interrupted"),
+            (tally[6], "not started (stopping)"),
+        ] {
+            if n > 0 {
+                not_run.push_str(&format!(", {n} {what}"));
+            }
+        }
+        say!(
+            "{} run key(s): {} done, {} already done (skipped), {} held elsewhere, {} failed{not_run}",
+            self.total(),
+            tally[0],
+            tally[1],
+            tally[2],
+            tally[3]
+        );
+        if let Some(reason) = &self.not_run {
+            tell!("{} run key(s) not run: {reason}", tally[4]);
+        }
+        Exit::worst(self.exit)
     }
 }
 
 /// `status --json`: one object per run key.
-pub fn print_status_json(entries: &[LedgerEntry]) {
-    for entry in entries {
-        if let Ok(line) = serde_json::to_string(entry) {
-            say!("{line}");
-        }
+pub fn print_status_json(entry: &LedgerEntry) {
+    if let Ok(line) = serde_json::to_string(entry) {
+        say!("{line}");
     }
 }
 
-/// `status`: a table an operator can read.
-pub fn print_status_table(pipeline: &Pipeline, entries: &[LedgerEntry]) {
-    if entries.is_empty() {
-        say!("no runs recorded for pipeline {}", pipeline.spec.name);
-        return;
-    }
-    say!(
-        "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8}  {:<24} NOTE",
-        "PERIOD START",
-        "SOURCE",
-        "STATUS",
-        "TRY",
-        "READ",
-        "INSERTED",
-        "UPDATED",
-        "UNCHANGED",
-        "DELETED",
-        "REJECTED",
-        "FINISHED"
-    );
-    for e in entries {
+/// `status`: a table an operator can read, printed as the ledger streams
+/// in (the header before the first row).
+#[derive(Debug, Default)]
+pub struct StatusTable {
+    rows: usize,
+}
+
+impl StatusTable {
+    pub fn add(&mut self, e: &LedgerEntry) {
+        if self.rows == 0 {
+            say!(
+                "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>10}  {:<24} NOTE",
+                "PERIOD START",
+                "SOURCE",
+                "STATUS",
+                "TRY",
+                "READ",
+                "INSERTED",
+                "UPDATED",
+                "UNCHANGED",
+                "DELETED",
+                "REJECTED",
+                "SUPERSEDED",
+                "FINISHED"
+            );
+        }
+        self.rows += 1;
         let note = note(e);
         say!(
-            "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8}  {:<24} {}",
+            "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>10}  {:<24} {}",
             e.period_start,
             e.source,
             e.status.as_str(),
@@ -175,9 +210,17 @@ pub fn print_status_table(pipeline: &Pipeline, entries: &[LedgerEntry]) {
             e.counts.rows_unchanged,
             e.counts.rows_deleted,
             e.counts.rows_rejected,
+            e.counts.rows_superseded,
             e.finished_at.as_deref().unwrap_or("-"),
             note
         );
+    }
+
+    /// Says so when the ledger had nothing for the pipeline.
+    pub fn finish(self, pipeline: &Pipeline) {
+        if self.rows == 0 {
+            say!("no runs recorded for pipeline {}", pipeline.spec.name);
+        }
     }
 }
 

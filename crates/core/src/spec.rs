@@ -329,6 +329,36 @@ pub struct LoadSpec {
     /// Records per batch (one transaction each).
     #[serde(default = "default_batch_size")]
     pub batch_size: usize,
+    /// The most memory one running period keeps for comparing its rows
+    /// with what the table holds (the stored row hashes and the keys it has
+    /// seen): `64MiB`, `512KiB`, `2GiB`. A period whose stored rows need
+    /// more compares them through a sorted temporary file instead (ADR 0007).
+    #[serde(default = "default_memory_budget")]
+    pub memory_budget: String,
+}
+
+impl LoadSpec {
+    /// `memory_budget` in bytes (checked when the pipeline was loaded).
+    pub fn memory_budget_bytes(&self) -> u64 {
+        parse_size(&self.memory_budget).unwrap_or(DEFAULT_MEMORY_BUDGET)
+    }
+}
+
+/// 64 MiB: about 1.7 million stored rows compared in memory, and with the
+/// rest of a run (two batches, SQLite's page caches) a peak RSS below
+/// 160 MiB whatever the period's size.
+const DEFAULT_MEMORY_BUDGET: u64 = 64 << 20;
+
+fn default_memory_budget() -> String {
+    "64MiB".to_string()
+}
+
+/// A size such as `64MiB` (binary units), `64MB` (decimal) or `1048576`
+/// (bytes).
+fn parse_size(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse::<bytesize::ByteSize>()
+        .map(|size| size.as_u64())
 }
 
 const fn default_max_delete_fraction() -> f64 {
@@ -694,6 +724,11 @@ const BATCH_SIZE: Limit<usize> = Limit {
     max: (1_000_000, "1000000"),
     why: "a batch is held in memory and committed as one transaction: 0 records load nothing, and past 1000000 a batch takes too much memory and too long a transaction",
 };
+const MEMORY_BUDGET: Limit<u64> = Limit {
+    min: (1 << 10, "1KiB"),
+    max: (1 << 40, "1TiB"),
+    why: "the memory one running period keeps for comparing rows: below 1KiB nothing fits, and past 1TiB no machine has it",
+};
 const LOOKBACK: Limit<u32> = Limit {
     min: (0, "0"),
     max: (1_000, "1000"),
@@ -983,7 +1018,28 @@ impl Checker<'_> {
             return Err(self.err("load.max_delete_fraction", "must be between 0.0 and 1.0"));
         }
         self.count("load.batch_size", load.batch_size, &BATCH_SIZE)?;
-        Ok(())
+        self.memory_budget(&load.memory_budget)
+    }
+
+    /// `load.memory_budget`: a size within [`MEMORY_BUDGET`].
+    fn memory_budget(&self, text: &str) -> Result<(), Error> {
+        let key = "load.memory_budget";
+        let bytes = parse_size(text).map_err(|e| {
+            self.err(
+                key,
+                format!("invalid size {text:?} ({e}); give one such as \"64MiB\""),
+            )
+        })?;
+        if (MEMORY_BUDGET.min.0..=MEMORY_BUDGET.max.0).contains(&bytes) {
+            return Ok(());
+        }
+        Err(self.err(
+            key,
+            format!(
+                "{text:?} cannot work: {}; give a size from {} to {}",
+                MEMORY_BUDGET.why, MEMORY_BUDGET.min.1, MEMORY_BUDGET.max.1
+            ),
+        ))
     }
 }
 
@@ -1043,6 +1099,7 @@ on_missing = "delete"
         assert_eq!(p.lag, Duration::from_secs(7200));
         assert_eq!(p.spec.load.on_missing, OnMissing::Delete);
         assert_eq!(p.spec.load.batch_size, 10_000);
+        assert_eq!(p.spec.load.memory_budget_bytes(), 64 << 20);
         assert_eq!(
             p.first_period.unwrap().start_rfc3339(),
             "2024-01-01T00:00:00+01:00"
@@ -1167,6 +1224,21 @@ url = "http://127.0.0.1:1/orders"
                 GOOD.replace("on_missing = \"delete\"", "batch_size = 1000000000000"),
                 "load.batch_size",
                 "1 to 1000000",
+            ),
+            (
+                GOOD.replace("on_missing = \"delete\"", "memory_budget = \"100B\""),
+                "load.memory_budget",
+                "1KiB to 1TiB",
+            ),
+            (
+                GOOD.replace("on_missing = \"delete\"", "memory_budget = \"2PiB\""),
+                "load.memory_budget",
+                "1KiB to 1TiB",
+            ),
+            (
+                GOOD.replace("on_missing = \"delete\"", "memory_budget = \"lots\""),
+                "load.memory_budget",
+                "such as \"64MiB\"",
             ),
             (http("timeout = \"0s\""), "sources[0].timeout", "1ms to 24h"),
             (

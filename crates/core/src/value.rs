@@ -336,6 +336,22 @@ impl RowShape {
     }
 }
 
+impl Row {
+    /// `A-1, 2024-01-01`: the values at `key` (the natural key's columns),
+    /// for messages.
+    pub fn key_text(&self, key: &[usize]) -> String {
+        key.iter()
+            .map(|&i| {
+                self.values
+                    .get(i)
+                    .and_then(Value::canonical_text)
+                    .unwrap_or_else(|| "NULL".into())
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// Hasher over typed values: the encoding of every value goes into one
 /// buffer, hashed in one call at the end. Feeding xxh3's streaming state
 /// four small pieces per field (tag, presence, length, text) and setting up

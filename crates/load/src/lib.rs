@@ -32,12 +32,16 @@ pub use ledger::{
     Lease, LedgerEntry, QueueKey, QueuePipeline, QueuedRun, RunStatus, UnknownState, WorkerId,
 };
 pub use schema::TableSchema;
-pub use writer::{Reconcile, Reject, RunWriter};
+pub use writer::{Reconcile, Reject, RunWriter, WriterOptions};
 
 /// A connection to the destination database, which also holds the ledger.
 #[derive(Debug, Clone)]
 pub struct Store {
     backend: Backend,
+    /// Tables this process has created or checked, with the schema it
+    /// checked them against: a backfill of 2,000 small periods checks its
+    /// table once, not 2,000 times (each a write transaction on SQLite).
+    checked: std::sync::Arc<std::sync::Mutex<Vec<TableSchema>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -67,7 +71,10 @@ impl Store {
         } else {
             return Err(unsupported_url(url));
         };
-        Ok(Store { backend })
+        Ok(Store {
+            backend,
+            checked: Default::default(),
+        })
     }
 
     /// Opens `url` read-only, for a dry run: nothing is created, migrated
@@ -86,7 +93,10 @@ impl Store {
         } else {
             return Err(unsupported_url(url));
         };
-        Ok(backend.map(|backend| Store { backend }))
+        Ok(backend.map(|backend| Store {
+            backend,
+            checked: Default::default(),
+        }))
     }
 
     /// Closes every connection once the ones in use are returned.
@@ -115,8 +125,23 @@ impl Store {
 
     /// Creates the destination table when missing, or checks that the
     /// existing one agrees with the pipeline (a contract error otherwise).
+    ///
+    /// Once a table passed for a schema, later calls with the same schema
+    /// are answered from memory. A table changed behind the process's back
+    /// then fails the write that meets it, as it would a moment after a
+    /// check.
     pub async fn ensure_table(&self, schema: &TableSchema) -> Result<(), Error> {
-        dispatch!(self, s => s.ensure_table(schema).await)
+        let known = |checked: &Vec<TableSchema>| checked.iter().any(|s| s == schema);
+        if self.checked.lock().is_ok_and(|checked| known(&checked)) {
+            return Ok(());
+        }
+        dispatch!(self, s => s.ensure_table(schema).await)?;
+        if let Ok(mut checked) = self.checked.lock() {
+            if !known(&checked) {
+                checked.push(schema.clone());
+            }
+        }
+        Ok(())
     }
 
     /// Takes the run key for a new attempt, or explains why not.
@@ -216,20 +241,32 @@ impl Store {
         dispatch!(self, s => flow::status(s, pipeline, period_start).await)
     }
 
+    /// [`Store::status`], one entry at a time as the database returns them.
+    pub async fn status_each(
+        &self,
+        pipeline: &str,
+        period_start: Option<&str>,
+        each: impl FnMut(LedgerEntry) -> Result<(), Error> + Send,
+    ) -> Result<(), Error> {
+        dispatch!(self, s => flow::status_each(s, pipeline, period_start, each).await)
+    }
+
     /// Deletes attempt history and rejects older than `age`. Returns the
     /// number of attempt rows and reject rows removed.
     pub async fn prune(&self, age: Duration) -> Result<(u64, u64), Error> {
         dispatch!(self, s => flow::prune(s, age).await)
     }
 
-    /// The run key's stored rows (see [`ledger::driver::Driver::stored_rows`]).
+    /// Streams the run key's stored rows into `each` (see
+    /// [`ledger::driver::Driver::stored_rows`]).
     pub(crate) async fn stored_rows(
         &self,
         schema: &TableSchema,
         lineage: &writer::Lineage,
         run_id: Option<&str>,
-    ) -> Result<Vec<writer::StoredRow>, Error> {
-        dispatch!(self, s => s.stored_rows(schema, lineage, run_id).await)
+        each: impl FnMut(writer::StoredRow) -> Result<(), Error> + Send,
+    ) -> Result<(), Error> {
+        dispatch!(self, s => s.stored_rows(schema, lineage, run_id, each).await)
     }
 
     /// Commits one batch of a run (see [`flow::apply_batch`]).
@@ -241,6 +278,20 @@ impl Store {
         batch: &writer::BatchWrite<'_>,
     ) -> Result<writer::BatchOutcome, Error> {
         dispatch!(self, s => flow::apply_batch(s, lease, schema, lineage, batch).await)
+    }
+
+    /// Commits the one batch of a period, reconciles and marks the run
+    /// done, in one transaction (see [`flow::apply_and_finish`]).
+    pub(crate) async fn apply_and_finish(
+        &self,
+        lease: &Lease,
+        schema: &TableSchema,
+        lineage: &writer::Lineage,
+        batch: &writer::BatchWrite<'_>,
+        existing: &stored::StoredHashes,
+        reconcile: &Reconcile,
+    ) -> Result<(writer::BatchOutcome, serde_json::Value), Error> {
+        dispatch!(self, s => flow::apply_and_finish(s, lease, schema, lineage, batch, existing, reconcile).await)
     }
 
     /// Reconciles and marks the run done (see [`flow::finish`]).
@@ -262,8 +313,9 @@ impl Store {
         schema: TableSchema,
         run: &ClaimedRun,
         key: &RunKey,
+        options: WriterOptions,
     ) -> Result<RunWriter, Error> {
-        RunWriter::start(self.clone(), schema, run, key).await
+        RunWriter::start(self.clone(), schema, run, key, options).await
     }
 }
 

@@ -14,7 +14,7 @@ use tidemark_core::{Error, Hash128, Row, RunKey};
 
 use crate::ledger::{encode_hashes, ClaimedRun, Counts, Lease};
 use crate::schema::TableSchema;
-use crate::stored::StoredHashes;
+use crate::stored::{Builder, Found, StoredHashes};
 use crate::Store;
 
 /// A rejected record, kept in `_tm_rejects`.
@@ -58,6 +58,8 @@ pub(crate) struct WriteCounts {
     pub inserted: u64,
     pub updated: u64,
     pub unchanged: u64,
+    /// Rows not written because a later period holds their key (ADR 0006).
+    pub superseded: u64,
 }
 
 impl WriteCounts {
@@ -66,6 +68,12 @@ impl WriteCounts {
         counts.rows_inserted += self.inserted;
         counts.rows_updated += self.updated;
         counts.rows_unchanged += self.unchanged;
+        counts.rows_superseded += self.superseded;
+    }
+
+    /// Whether every row handed to the database was written.
+    pub fn all_written(&self) -> bool {
+        self.unchanged == 0 && self.superseded == 0
     }
 }
 
@@ -124,7 +132,7 @@ impl BatchWrite<'_> {
     /// skipped as unchanged, or left as they were by the database's "only
     /// if different" write, do not. A first backfill usually has none.
     pub(crate) fn remembered_keys(&self, written: &WriteCounts) -> Option<Vec<u8>> {
-        let all_written = written.unchanged == 0;
+        let all_written = written.all_written();
         if all_written && self.skipped.is_empty() {
             return None;
         }
@@ -137,6 +145,20 @@ impl BatchWrite<'_> {
     }
 }
 
+/// What a run asks of its writer besides the run key.
+#[derive(Debug, Clone, Copy)]
+pub struct WriterOptions {
+    /// `load.memory_budget` in bytes: above it the stored hashes go to a
+    /// temporary file.
+    pub memory_budget: u64,
+    /// Remember every key new to the run key that the run writes, so that
+    /// [`RunWriter::seen_before`] knows them: needed only to drop or refuse
+    /// duplicates across batches (`on_duplicate_key = "first"` or
+    /// `"error"`). With `"last"` a later duplicate is simply written again
+    /// and the UNIQUE constraint settles it, so a first load builds no set.
+    pub track_new_keys: bool,
+}
+
 /// Writes the batches of one claimed run.
 #[derive(Debug)]
 pub struct RunWriter {
@@ -146,8 +168,10 @@ pub struct RunWriter {
     lineage: Lineage,
     /// What the run key held at the start, and which of it was seen.
     existing: StoredHashes,
-    /// Keys new to the run key that this run has written.
+    /// Keys new to the run key that this run has written (only with
+    /// [`WriterOptions::track_new_keys`]).
     seen_new: KeySet,
+    track_new_keys: bool,
     counts: Counts,
     batches: i64,
     direct_copy: bool,
@@ -159,6 +183,7 @@ impl RunWriter {
         schema: TableSchema,
         run: &ClaimedRun,
         key: &RunKey,
+        options: WriterOptions,
     ) -> Result<Self, Error> {
         let lineage = Lineage {
             pipeline: key.pipeline.clone(),
@@ -170,31 +195,24 @@ impl RunWriter {
         // Only a resumed run can find rows it wrote itself; a fresh run's id
         // is new, so the per-row comparison is skipped.
         let run_id = (run.batches > 0).then_some(run.lease.run_id.as_str());
-        let stored = store.stored_rows(&schema, &lineage, run_id).await?;
-        let ours: Vec<Hash128> = stored
-            .iter()
-            .filter(|stored| stored.written_by_run)
-            .map(|stored| stored.key)
-            .collect();
-        let mut existing = StoredHashes::new(
-            stored
-                .into_iter()
-                .map(|stored| (stored.key, stored.row_hash))
-                .collect(),
-        );
-        // A resumed attempt: rows this run wrote, and the keys its committed
-        // batches remembered, were seen.
-        for key in ours {
-            existing.mark_seen(key);
-        }
+        let mut builder = Builder::new(options.memory_budget);
+        // Rows this run wrote before a crash were seen.
+        store
+            .stored_rows(&schema, &lineage, run_id, |stored| {
+                builder.push(stored.key, stored.row_hash, stored.written_by_run)
+            })
+            .await?;
+        let mut existing = builder.finish()?;
+        // A resumed attempt: the keys its committed batches remembered were seen.
         let mut seen_new = KeySet::default();
         for &key in &run.seen {
-            if !existing.mark_seen(key) {
+            if !existing.mark_seen(key)? && options.track_new_keys {
                 seen_new.insert(key);
             }
         }
         tracing::debug!(
             existing = existing.len(),
+            spilled = existing.spilled(),
             seen = run.seen.len(),
             "writer ready"
         );
@@ -205,6 +223,7 @@ impl RunWriter {
             lineage,
             existing,
             seen_new,
+            track_new_keys: options.track_new_keys,
             counts: run.counts,
             batches: run.batches,
             direct_copy: true,
@@ -216,45 +235,56 @@ impl RunWriter {
         self.counts
     }
 
-    /// The row hash the run key held for this key when the attempt started:
-    /// what an incoming row is compared with to skip it unwritten.
-    pub fn stored_hash(&self, key: Hash128) -> Option<Hash128> {
-        self.existing
-            .position(key)
-            .map(|at| self.existing.row_hash(at))
+    /// The row hash the run key held for this key when the attempt started
+    /// (or `None`, also once this run has rewritten a row it keeps in a
+    /// file): what an incoming row is compared with to skip it unwritten.
+    pub fn stored_hash(&mut self, key: Hash128) -> Result<Option<Hash128>, Error> {
+        Ok(self.existing.find_all(&[key])?[0].and_then(|found| found.row_hash))
     }
 
-    /// Whether an earlier committed batch of this run had this key.
-    pub fn was_seen(&self, key: Hash128) -> bool {
-        match self.existing.position(key) {
-            Some(at) => self.existing.was_seen(at),
-            None => self.seen_new.contains(&key),
-        }
+    /// Whether earlier committed batches of this run had these keys (for
+    /// `on_duplicate_key = "first"` or `"error"`; keys new to the run key
+    /// are known only with [`WriterOptions::track_new_keys`]).
+    pub fn seen_before(&mut self, keys: &[Hash128]) -> Result<Vec<bool>, Error> {
+        let found = self.existing.find_all(keys)?;
+        Ok(keys
+            .iter()
+            .zip(found)
+            .map(|(key, found)| match found {
+                Some(found) => self.existing.was_seen(found.position),
+                None => self.seen_new.contains(key),
+            })
+            .collect())
     }
 
-    /// Commits one batch: changed rows, the batch's keys, rejects, counts
-    /// and checkpoint, in one fenced transaction. On error nothing changed,
-    /// so the same call may be retried.
-    pub async fn write_batch(
+    /// Batches committed so far by this run.
+    pub fn batches(&self) -> i64 {
+        self.batches
+    }
+
+    /// What to write of a batch, and where its keys are in the stored set.
+    fn plan<'r>(
         &mut self,
-        rows: &[Row],
-        rejects: &[Reject],
+        rows: &'r [Row],
+        rejects: &'r [Reject],
         rows_read: u64,
-        checkpoint: &serde_json::Value,
-    ) -> Result<(), Error> {
+        checkpoint: &'r serde_json::Value,
+    ) -> Result<(BatchWrite<'r>, Vec<Option<Found>>), Error> {
+        let keys: Vec<Hash128> = rows.iter().map(|row| row.key_hash).collect();
+        let found = self.existing.find_all(&keys)?;
         let mut skipped = Vec::new();
         let mut writes = Vec::with_capacity(rows.len());
-        let positions: Vec<Option<usize>> = rows
-            .iter()
-            .map(|row| self.existing.position(row.key_hash))
-            .collect();
-        for (row, at) in rows.iter().zip(&positions) {
-            match at {
-                Some(at) if self.existing.row_hash(*at) == row.row_hash => {
-                    skipped.push(row.key_hash);
-                }
-                Some(_) => writes.push((row, Write::Update)),
-                None => writes.push((row, Write::Upsert)),
+        for (row, found) in rows.iter().zip(&found) {
+            match found {
+                Some(Found {
+                    row_hash: Some(stored),
+                    ..
+                }) if *stored == row.row_hash => skipped.push(row.key_hash),
+                Some(Found {
+                    row_hash: Some(_), ..
+                }) => writes.push((row, Write::Update)),
+                // Written by this run since: the database compares.
+                Some(_) | None => writes.push((row, Write::Upsert)),
             }
         }
         let mut counts = self.counts;
@@ -271,6 +301,83 @@ impl RunWriter {
             batch_no: self.batches + 1,
             try_direct_copy,
         };
+        Ok((batch, found))
+    }
+
+    /// Commits the batch of a period that has no other (the source ended
+    /// within its first batch) together with the reconciliation and
+    /// `done`: one transaction instead of two. On error nothing changed,
+    /// so the same call may be retried. Returns the canonical result.
+    pub async fn write_last_batch(
+        &mut self,
+        rows: &[Row],
+        rejects: &[Reject],
+        rows_read: u64,
+        checkpoint: &serde_json::Value,
+        reconcile: &Reconcile,
+    ) -> Result<serde_json::Value, Error> {
+        let (batch, found) = self.plan(rows, rejects, rows_read, checkpoint)?;
+        // Reconciliation must count this batch's keys as seen; taken back
+        // if the transaction does not commit.
+        let newly: Vec<usize> = found
+            .iter()
+            .flatten()
+            .filter_map(|f| self.existing.see(f.position).then_some(f.position))
+            .collect();
+        let reconcile = self.effective(reconcile);
+        let prepared = if reconcile.on_missing == OnMissing::Keep {
+            Ok(())
+        } else {
+            self.existing.prepare_reconcile()
+        };
+        let committed = match prepared {
+            Ok(()) => {
+                self.store
+                    .apply_and_finish(
+                        &self.lease,
+                        &self.schema,
+                        &self.lineage,
+                        &batch,
+                        &self.existing,
+                        &reconcile,
+                    )
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let (outcome, result) = match committed {
+            Ok(done) => done,
+            Err(e) => {
+                for position in newly {
+                    self.existing.unsee(position);
+                }
+                return Err(e);
+            }
+        };
+        let mut counts = batch.counts;
+        outcome.written.apply(&mut counts);
+        if let Some(deleted) = result
+            .get("rows_deleted")
+            .and_then(serde_json::Value::as_u64)
+        {
+            counts.rows_deleted = deleted;
+        }
+        self.counts = counts;
+        self.batches = batch.batch_no;
+        Ok(result)
+    }
+
+    /// Commits one batch: changed rows, the batch's keys, rejects, counts
+    /// and checkpoint, in one fenced transaction. On error nothing changed,
+    /// so the same call may be retried.
+    pub async fn write_batch(
+        &mut self,
+        rows: &[Row],
+        rejects: &[Reject],
+        rows_read: u64,
+        checkpoint: &serde_json::Value,
+    ) -> Result<(), Error> {
+        let (batch, found) = self.plan(rows, rejects, rows_read, checkpoint)?;
         let outcome = self
             .store
             .apply_batch(&self.lease, &self.schema, &self.lineage, &batch)
@@ -283,16 +390,20 @@ impl RunWriter {
             self.direct_copy = false;
         }
         self.batches = batch.batch_no;
-        for (row, at) in rows.iter().zip(positions) {
+        for (row, found) in rows.iter().zip(found) {
             // Keep stored hashes current for keys the run key already had, so
             // a later duplicate is compared with what is now in the table.
             // Keys new to the run key need no hash: a later duplicate goes
             // through the database's own "only if different" upsert.
-            match at {
-                Some(at) => self.existing.saw(at, row.row_hash),
-                None => {
+            match found {
+                Some(found) => {
+                    let written = found.row_hash != Some(row.row_hash);
+                    self.existing.saw(found.position, row.row_hash, written);
+                }
+                None if self.track_new_keys => {
                     self.seen_new.insert(row.key_hash);
                 }
+                None => {}
             }
         }
         Ok(())
@@ -301,17 +412,10 @@ impl RunWriter {
     /// Reconciles vanished rows per `reconcile` and marks the run done, in
     /// one fenced transaction. Returns the canonical result.
     pub async fn finish(&mut self, reconcile: &Reconcile) -> Result<serde_json::Value, Error> {
-        // Rows of the run key present at the start and not seen since: if
-        // there are none, reconciliation has nothing to look for.
-        let maybe_vanished = self.existing.unseen() > 0;
-        let reconcile = Reconcile {
-            on_missing: if maybe_vanished {
-                reconcile.on_missing
-            } else {
-                OnMissing::Keep
-            },
-            ..*reconcile
-        };
+        let reconcile = self.effective(reconcile);
+        if reconcile.on_missing != OnMissing::Keep {
+            self.existing.prepare_reconcile()?;
+        }
         let result = self
             .store
             .finish_run(
@@ -330,6 +434,22 @@ impl RunWriter {
             self.counts.rows_deleted = deleted;
         }
         Ok(result)
+    }
+}
+
+impl RunWriter {
+    /// `reconcile`, or "keep" when every row of the run key present at the
+    /// start has been seen: reconciliation then has nothing to look for.
+    fn effective(&self, reconcile: &Reconcile) -> Reconcile {
+        let maybe_vanished = self.existing.unseen() > 0;
+        Reconcile {
+            on_missing: if maybe_vanished {
+                reconcile.on_missing
+            } else {
+                OnMissing::Keep
+            },
+            ..*reconcile
+        }
     }
 }
 

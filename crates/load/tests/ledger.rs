@@ -8,7 +8,20 @@ use std::time::Duration;
 
 use sqlx::Connection;
 use tidemark_core::{Error, Pipeline, Row, RunKey};
-use tidemark_load::{Claim, ClaimRequest, ClaimedRun, Store, TableSchema, WorkerId};
+use tidemark_load::{
+    Claim, ClaimRequest, ClaimedRun, RunWriter, Store, TableSchema, WorkerId, WriterOptions,
+};
+
+/// Writer options of these tests: the in-memory path, every key tracked.
+const OPTIONS: WriterOptions = WriterOptions {
+    memory_budget: 64 << 20,
+    track_new_keys: true,
+};
+
+/// Whether the writer saw `key` in an earlier committed batch.
+fn seen(writer: &mut RunWriter, key: tidemark_core::Hash128) -> bool {
+    writer.seen_before(&[key]).expect("lookup")[0]
+}
 
 /// Everything but `[fields]` and `[load]`, shared by the test pipelines.
 macro_rules! pipeline_header {
@@ -165,7 +178,10 @@ async fn superseded_attempt_cannot_commit(postgres: bool) {
     let (db, store, schema) = with_table(postgres, &p).await;
     let key = key(&p, "2024-01-01");
     let first = claimed(store.claim(&key, &request("a")).await.unwrap());
-    let mut writer = store.writer(schema.clone(), &first, &key).await.unwrap();
+    let mut writer = store
+        .writer(schema.clone(), &first, &key, OPTIONS)
+        .await
+        .unwrap();
     writer
         .write_batch(&[row(1, "one")], &[], 1, &serde_json::json!({"n": 1}))
         .await
@@ -180,12 +196,15 @@ async fn superseded_attempt_cannot_commit(postgres: bool) {
         "a crashed run resumes under the same run id"
     );
     assert_eq!(second.resume, Some(serde_json::json!({"n": 1})));
-    let resumed = store.writer(schema.clone(), &second, &key).await.unwrap();
+    let mut resumed = store
+        .writer(schema.clone(), &second, &key, OPTIONS)
+        .await
+        .unwrap();
     assert!(
-        resumed.was_seen(row(1, "one").key_hash),
+        seen(&mut resumed, row(1, "one").key_hash),
         "committed keys survive the takeover"
     );
-    assert!(!resumed.was_seen(row(2, "two").key_hash));
+    assert!(!seen(&mut resumed, row(2, "two").key_hash));
 
     // The stalled worker wakes up: its next batch must be rolled back.
     let err = writer
@@ -201,7 +220,7 @@ async fn superseded_attempt_cannot_commit(postgres: bool) {
     assert_eq!(count_rows(&db.url).await, 1, "the fenced batch left no row");
 
     // The new holder finishes normally.
-    let mut writer = store.writer(schema, &second, &key).await.unwrap();
+    let mut writer = store.writer(schema, &second, &key, OPTIONS).await.unwrap();
     writer
         .write_batch(&[row(2, "two")], &[], 1, &serde_json::json!({"n": 2}))
         .await
@@ -382,11 +401,14 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
             ..request("a")
         };
         let run = claimed(store.claim(&key, &request).await.unwrap());
-        let mut writer = store.writer(schema.clone(), &run, &key).await.unwrap();
+        let mut writer = store
+            .writer(schema.clone(), &run, &key, OPTIONS)
+            .await
+            .unwrap();
         for row in &rows {
             let expected = force.then_some(row.row_hash);
             assert_eq!(
-                writer.stored_hash(row.key_hash),
+                writer.stored_hash(row.key_hash).unwrap(),
                 expected,
                 "{:?}",
                 row.values
@@ -446,7 +468,10 @@ async fn resume_knows_what_committed_batches_saw(postgres: bool) {
         ..request("a")
     };
     let run = claimed(store.claim(&key, &forced).await.unwrap());
-    let mut writer = store.writer(schema.clone(), &run, &key).await.unwrap();
+    let mut writer = store
+        .writer(schema.clone(), &run, &key, OPTIONS)
+        .await
+        .unwrap();
     writer
         .write_batch(
             &[row(1, "one"), row(2, "TWO")],
@@ -461,16 +486,19 @@ async fn resume_knows_what_committed_batches_saw(postgres: bool) {
 
     let resumed = claimed(store.claim(&key, &request("b")).await.unwrap());
     assert_eq!(resumed.lease.run_id, run.lease.run_id);
-    let mut writer = store.writer(schema.clone(), &resumed, &key).await.unwrap();
+    let mut writer = store
+        .writer(schema.clone(), &resumed, &key, OPTIONS)
+        .await
+        .unwrap();
     assert!(
-        writer.was_seen(row(1, "one").key_hash),
+        seen(&mut writer, row(1, "one").key_hash),
         "skipped as unchanged"
     );
     assert!(
-        writer.was_seen(row(2, "TWO").key_hash),
+        seen(&mut writer, row(2, "TWO").key_hash),
         "written by the run"
     );
-    assert!(!writer.was_seen(row(3, "three").key_hash));
+    assert!(!seen(&mut writer, row(3, "three").key_hash));
 
     // Starting over takes a new run id: nothing counts as seen any more.
     let run_id = store.restart_fresh(&resumed.lease).await.unwrap();
@@ -485,8 +513,11 @@ async fn resume_knows_what_committed_batches_saw(postgres: bool) {
         batches: 0,
         seen: Default::default(),
     };
-    let restarted = store.writer(schema.clone(), &fresh, &key).await.unwrap();
-    assert!(!restarted.was_seen(row(2, "TWO").key_hash));
+    let mut restarted = store
+        .writer(schema.clone(), &fresh, &key, OPTIONS)
+        .await
+        .unwrap();
+    assert!(!seen(&mut restarted, row(2, "TWO").key_hash));
     drop(restarted);
 
     // The resumed attempt reads on: row 3 comes back, row 4 has vanished.
@@ -519,7 +550,10 @@ async fn load_once(
     reconcile: &tidemark_load::Reconcile,
 ) -> serde_json::Value {
     let run = claimed(store.claim(key, request).await.unwrap());
-    let mut writer = store.writer(schema.clone(), &run, key).await.unwrap();
+    let mut writer = store
+        .writer(schema.clone(), &run, key, OPTIONS)
+        .await
+        .unwrap();
     let read = rows.len() as u64;
     writer
         .write_batch(rows, &[], read, &serde_json::json!({}))
@@ -860,7 +894,10 @@ async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
     let p = pipeline();
     let k = key(&p, "2024-01-05");
     let run = claimed(store.claim(&k, &request("w1")).await.unwrap());
-    let mut writer = store.writer(schema.clone(), &run, &k).await.unwrap();
+    let mut writer = store
+        .writer(schema.clone(), &run, &k, OPTIONS)
+        .await
+        .unwrap();
     writer
         .write_batch(&[row(1, "a")], &[], 1, &serde_json::json!({"records": 1}))
         .await

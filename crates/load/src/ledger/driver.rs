@@ -288,14 +288,16 @@ pub(crate) trait Driver: Send + Sync {
     /// existing one agrees with the pipeline (a contract error otherwise).
     fn ensure_table(&self, schema: &TableSchema) -> impl Future<Output = Result<(), Error>> + Send;
 
-    /// Key hash, row hash and "written by this run" (when `run_id` is
-    /// given) of the run key's live rows.
+    /// Hands `each` the key hash, row hash and "written by this run" (when
+    /// `run_id` is given) of every live row of the run key, as they stream
+    /// in: a period's stored rows are never all held as rows.
     fn stored_rows(
         &self,
         schema: &TableSchema,
         lineage: &Lineage,
         run_id: Option<&str>,
-    ) -> impl Future<Output = Result<Vec<StoredRow>, Error>> + Send;
+        each: impl FnMut(StoredRow) -> Result<(), Error> + Send,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Encodes or renders a batch's rows for [`Driver::write_rows`].
     fn prepare(

@@ -27,8 +27,8 @@ fn sql<D: Driver>() -> &'static Statements {
     Statements::of(D::DIALECT)
 }
 
-/// The six counters as arguments, in [`Counts::COLUMNS`] order.
-fn count_args(counts: &Counts) -> [Arg<'static>; 6] {
+/// The counters as arguments, in [`Counts::COLUMNS`] order.
+fn count_args(counts: &Counts) -> [Arg<'static>; Counts::COLUMNS.len()] {
     counts.values().map(Arg::Int)
 }
 
@@ -361,7 +361,7 @@ pub(super) fn snapshot(row: &Record) -> Result<Snapshot, Error> {
 }
 
 fn counts_of(row: &Record) -> Result<Counts, Error> {
-    let mut values = [0i64; 6];
+    let mut values = [0i64; Counts::COLUMNS.len()];
     for (value, column) in values.iter_mut().zip(Counts::COLUMNS) {
         *value = row.int(column)?;
     }
@@ -507,19 +507,31 @@ pub(crate) async fn status<D: Driver>(
     pipeline: &str,
     period_start: Option<&str>,
 ) -> Result<Vec<LedgerEntry>, Error> {
-    let mut tx = driver.begin_read().await?;
     let mut entries = Vec::new();
+    status_each(driver, pipeline, period_start, |entry| {
+        entries.push(entry);
+        Ok(())
+    })
+    .await?;
+    Ok(entries)
+}
+
+/// [`status`], handing each row to `each` as it is read: a ledger of
+/// 100,000 run keys is never held at once.
+pub(crate) async fn status_each<D: Driver>(
+    driver: &D,
+    pipeline: &str,
+    period_start: Option<&str>,
+    mut each: impl FnMut(LedgerEntry) -> Result<(), Error> + Send,
+) -> Result<(), Error> {
+    let mut tx = driver.begin_read().await?;
     tx.fetch_each(
         &sql::<D>().status,
         &[Arg::Text(pipeline), Arg::OptText(period_start)],
-        |row| {
-            entries.push(entry_of(&row)?);
-            Ok(())
-        },
+        |row| each(entry_of(&row)?),
     )
     .await?;
-    tx.commit().await?;
-    Ok(entries)
+    tx.commit().await
 }
 
 fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
@@ -586,7 +598,24 @@ pub(crate) async fn apply_batch<D: Driver>(
     lineage: &Lineage,
     batch: &BatchWrite<'_>,
 ) -> Result<BatchOutcome, Error> {
-    let s = sql::<D>();
+    let (stamp, prepared, mut tx) = begin_batch(driver, lease, schema, lineage, batch).await?;
+    let outcome = write_batch_in::<D>(
+        driver, &mut tx, lease, schema, &stamp, batch, &prepared, true,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+/// A batch's lineage stamp and its rows encoded (before any lock is
+/// taken), then its fenced transaction.
+async fn begin_batch<'l, D: Driver>(
+    driver: &D,
+    lease: &'l Lease,
+    schema: &TableSchema,
+    lineage: &'l Lineage,
+    batch: &BatchWrite<'_>,
+) -> Result<(Stamp<'l>, D::Prepared, D::Tx), Error> {
     let stamp = Stamp {
         lineage,
         run_id: &lease.run_id,
@@ -595,8 +624,56 @@ pub(crate) async fn apply_batch<D: Driver>(
     let prepared = driver.prepare(schema, &stamp, batch)?;
     let mut tx = driver.begin().await?;
     fence::<D>(&mut tx, lease).await?;
+    Ok((stamp, prepared, tx))
+}
+
+/// A period that fits in one batch: the batch, the reconciliation and
+/// `done` in one fenced transaction (one commit instead of two, and no
+/// remembered keys: they would be deleted in the same transaction).
+/// `existing` must already count the batch's keys as seen.
+#[allow(clippy::too_many_arguments)] // the batch's and the finish's inputs
+pub(crate) async fn apply_and_finish<D: Driver>(
+    driver: &D,
+    lease: &Lease,
+    schema: &TableSchema,
+    lineage: &Lineage,
+    batch: &BatchWrite<'_>,
+    existing: &StoredHashes,
+    reconcile: &Reconcile,
+) -> Result<(BatchOutcome, serde_json::Value), Error> {
+    let (stamp, prepared, mut tx) = begin_batch(driver, lease, schema, lineage, batch).await?;
+    let outcome = write_batch_in::<D>(
+        driver, &mut tx, lease, schema, &stamp, batch, &prepared, false,
+    )
+    .await?;
+    let mut counts = batch.counts;
+    outcome.written.apply(&mut counts);
+    let result = finish_in::<D>(
+        driver, &mut tx, lease, schema, lineage, existing, reconcile, counts,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok((outcome, result))
+}
+
+/// The writes of one batch inside `tx`: rows, rejects, remembered keys
+/// (`remember`: not when the run finishes in the same transaction), counts
+/// and checkpoint.
+#[allow(clippy::too_many_arguments)] // one batch's inputs, passed through
+async fn write_batch_in<D: Driver>(
+    driver: &D,
+    tx: &mut D::Tx,
+    lease: &Lease,
+    schema: &TableSchema,
+    stamp: &Stamp<'_>,
+    batch: &BatchWrite<'_>,
+    prepared: &D::Prepared,
+    remember: bool,
+) -> Result<BatchOutcome, Error> {
+    let s = sql::<D>();
+    let lineage = stamp.lineage;
     let outcome = driver
-        .write_rows(&mut tx, schema, &stamp, batch, &prepared)
+        .write_rows(tx, schema, stamp, batch, prepared)
         .await?;
     for reject in batch.rejects {
         tx.execute(
@@ -616,6 +693,9 @@ pub(crate) async fn apply_batch<D: Driver>(
         )
         .await?;
     }
+    if !remember {
+        return Ok(outcome);
+    }
     if let Some(keys) = batch.remembered_keys(&outcome.written) {
         tx.execute(
             &s.insert_batch_keys,
@@ -630,15 +710,7 @@ pub(crate) async fn apply_batch<D: Driver>(
     }
     let mut counts = batch.counts;
     outcome.written.apply(&mut counts);
-    save_progress::<D>(
-        &mut tx,
-        lease,
-        &counts,
-        Some(batch.checkpoint),
-        batch.batch_no,
-    )
-    .await?;
-    tx.commit().await?;
+    save_progress::<D>(tx, lease, &counts, Some(batch.checkpoint), batch.batch_no).await?;
     Ok(outcome)
 }
 
@@ -665,33 +737,52 @@ pub(crate) async fn finish<D: Driver>(
     lineage: &Lineage,
     existing: &StoredHashes,
     reconcile: &Reconcile,
+    counts: Counts,
+) -> Result<serde_json::Value, Error> {
+    let mut tx = driver.begin().await?;
+    fence::<D>(&mut tx, lease).await?;
+    let result = finish_in::<D>(
+        driver, &mut tx, lease, schema, lineage, existing, reconcile, counts,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(result)
+}
+
+/// The reconciliation and `done` inside `tx`.
+#[allow(clippy::too_many_arguments)] // the run's identity and its end state
+async fn finish_in<D: Driver>(
+    driver: &D,
+    tx: &mut D::Tx,
+    lease: &Lease,
+    schema: &TableSchema,
+    lineage: &Lineage,
+    existing: &StoredHashes,
+    reconcile: &Reconcile,
     mut counts: Counts,
 ) -> Result<serde_json::Value, Error> {
     let s = sql::<D>();
-    let mut tx = driver.begin().await?;
-    fence::<D>(&mut tx, lease).await?;
     if reconcile.on_missing != OnMissing::Keep {
-        let (live, vanished) = driver.vanished(&mut tx, schema, lineage, existing).await?;
+        let (live, vanished) = driver.vanished(tx, schema, lineage, existing).await?;
         if let Some(why) =
             refuse_deletes(vanished.count() as u64, live, counts.rows_read, reconcile)
         {
             return Err(Error::Invariant(why));
         }
         counts.rows_deleted = driver
-            .remove_vanished(&mut tx, schema, lineage, reconcile.on_missing, &vanished)
+            .remove_vanished(tx, schema, lineage, reconcile.on_missing, &vanished)
             .await?;
     }
     let finished_at = crate::timestamp_text(chrono::Utc::now());
     let result = result_json(lineage, lease, &counts, &finished_at);
-    save_progress::<D>(&mut tx, lease, &counts, None, 0).await?;
+    save_progress::<D>(tx, lease, &counts, None, 0).await?;
     tx.execute(
         &s.finish_run,
         &[Arg::Json(Some(&result)), Arg::Int(lease.run_ref)],
     )
     .await?;
-    end_attempt::<D>(&mut tx, lease, AttemptStatus::Done, &counts, None).await?;
+    end_attempt::<D>(tx, lease, AttemptStatus::Done, &counts, None).await?;
     tx.execute(&s.delete_batches, &[Arg::Int(lease.run_ref)])
         .await?;
-    tx.commit().await?;
     Ok(result)
 }

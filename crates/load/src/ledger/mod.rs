@@ -203,22 +203,27 @@ pub struct Counts {
     pub rows_deleted: u64,
     /// Records rejected (within `max_rejects`).
     pub rows_rejected: u64,
+    /// Rows read whose natural key a later period holds: left as they are,
+    /// never reverted (the ownership rule, ADR 0006).
+    pub rows_superseded: u64,
 }
 
 impl Counts {
-    /// The ledger's count columns, in the order of [`Counts::values`].
-    pub(crate) const COLUMNS: [&'static str; 6] = [
+    /// The ledger's count columns (and the counts' names in a run's
+    /// result and in `status --json`), in the order of [`Counts::values`].
+    pub const COLUMNS: [&'static str; 7] = [
         "rows_read",
         "rows_inserted",
         "rows_updated",
         "rows_unchanged",
         "rows_deleted",
         "rows_rejected",
+        "rows_superseded",
     ];
 
     /// The counters in [`Counts::COLUMNS`] order, as the databases' signed
     /// integers (no count reaches 2^63).
-    pub(crate) fn values(&self) -> [i64; 6] {
+    pub(crate) fn values(&self) -> [i64; 7] {
         [
             self.rows_read,
             self.rows_inserted,
@@ -226,14 +231,15 @@ impl Counts {
             self.rows_unchanged,
             self.rows_deleted,
             self.rows_rejected,
+            self.rows_superseded,
         ]
         .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
     }
 
     /// Counts from values in [`Counts::COLUMNS`] order; a negative value
     /// (never written by tidemark) reads as 0.
-    pub(crate) fn from_values(values: [i64; 6]) -> Counts {
-        let [read, inserted, updated, unchanged, deleted, rejected] =
+    pub(crate) fn from_values(values: [i64; 7]) -> Counts {
+        let [read, inserted, updated, unchanged, deleted, rejected, superseded] =
             values.map(|n| u64::try_from(n).unwrap_or(0));
         Counts {
             rows_read: read,
@@ -242,6 +248,7 @@ impl Counts {
             rows_unchanged: unchanged,
             rows_deleted: deleted,
             rows_rejected: rejected,
+            rows_superseded: superseded,
         }
     }
 }
@@ -467,6 +474,7 @@ mod tests {
             rows_unchanged: 3,
             rows_deleted: 4,
             rows_rejected: 5,
+            rows_superseded: 7,
         };
         assert_eq!(Counts::from_values(counts.values()), counts);
     }

@@ -157,8 +157,8 @@ pub(crate) struct Statements {
     pub delete_batches: String,
     /// Starts an attempt on the run row. `$1` attempt, `$2` run id, `$3`
     /// owner, `$4` host, `$5` pid, `$6` lease seconds, `$7` fresh start,
-    /// `$8` batches, `$9..$14` counts, `$15` handler version, `$16` run ref,
-    /// `$17` provisional, `$18` fields fingerprint.
+    /// `$8` batches, then the counts ([`Counts::COLUMNS`]), the handler
+    /// version, the run ref, provisional and the fields fingerprint.
     pub start_attempt: String,
     /// `$1` run ref, `$2` attempt, `$3` run id, `$4` worker, `$5` resumed.
     pub insert_attempt: String,
@@ -169,15 +169,15 @@ pub(crate) struct Statements {
     pub fence: String,
     /// `$1` class, `$2` message, `$3` run ref, `$4` attempt.
     pub fail_run: String,
-    /// `$1` status, `$2..$7` counts, `$8` class, `$9` message, `$10` run
-    /// ref, `$11` attempt.
+    /// `$1` status, then the counts, the class, the message, the run ref
+    /// and the attempt.
     pub end_attempt: String,
     /// `$1` new run id, `$2` run ref.
     pub restart_run: String,
     /// `$1` new run id, `$2` run ref, `$3` attempt.
     pub restart_attempt: String,
-    /// `$1` checkpoint (or NULL to keep it), `$2` batches, `$3..$8` counts,
-    /// `$9` run ref.
+    /// `$1` checkpoint (or NULL to keep it), `$2` batches, then the counts
+    /// and the run ref.
     pub save_progress: String,
     /// `$1` result, `$2` run ref.
     pub finish_run: String,
@@ -229,6 +229,8 @@ impl Statements {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        // The parameter after `n` counts that start at `$first`.
+        let after_counts = |first: usize| first + Counts::COLUMNS.len();
         let running = RunStatus::Running.as_str();
         let attempt_running = AttemptStatus::Running.as_str();
         let release =
@@ -259,12 +261,16 @@ impl Statements {
                 "UPDATE _tm_runs SET status = '{running}', attempt = $1, run_id = $2, lease_owner = $3,
                         lease_host = $4, lease_pid = $5, lease_expires_at = {lease},
                         checkpoint = CASE WHEN $7 THEN NULL ELSE checkpoint END, batches = $8, {sets},
-                        error_class = NULL, error_message = NULL, result = NULL, handler_version = $15,
+                        error_class = NULL, error_message = NULL, result = NULL, handler_version = ${version},
                         started_at = CASE WHEN $7 THEN {now} ELSE started_at END, finished_at = NULL,
-                        updated_at = {now}, provisional = $17, fields_fingerprint = $18
-                 WHERE id = $16",
+                        updated_at = {now}, provisional = ${provisional}, fields_fingerprint = ${fingerprint}
+                 WHERE id = ${run_ref}",
                 lease = d.now_plus("$6"),
                 sets = count_sets(9),
+                version = after_counts(9),
+                run_ref = after_counts(9) + 1,
+                provisional = after_counts(9) + 2,
+                fingerprint = after_counts(9) + 3,
             ),
             insert_attempt: format!(
                 "INSERT INTO _tm_attempts (run_ref, attempt, run_id, worker, status, resumed, started_at)
@@ -287,10 +293,14 @@ impl Statements {
                 d.backoff_after("$5", "failures"),
             ),
             end_attempt: format!(
-                "UPDATE _tm_attempts SET status = $1, {}, error_class = $8, error_message = $9,
+                "UPDATE _tm_attempts SET status = $1, {}, error_class = ${class}, error_message = ${message},
                         finished_at = {now}
-                 WHERE run_ref = $10 AND attempt = $11",
-                count_sets(2)
+                 WHERE run_ref = ${run_ref} AND attempt = ${attempt}",
+                count_sets(2),
+                class = after_counts(2),
+                message = after_counts(2) + 1,
+                run_ref = after_counts(2) + 2,
+                attempt = after_counts(2) + 3,
             ),
             restart_run: format!(
                 "UPDATE _tm_runs SET checkpoint = NULL, batches = 0, {}, run_id = $1 WHERE id = $2",
@@ -300,9 +310,10 @@ impl Statements {
                 "UPDATE _tm_attempts SET run_id = $1 WHERE run_ref = $2 AND attempt = $3".to_string(),
             save_progress: format!(
                 "UPDATE _tm_runs SET checkpoint = COALESCE($1, checkpoint), batches = {}(batches, $2), {}
-                 WHERE id = $9",
+                 WHERE id = ${}",
                 d.greatest(),
-                count_sets(3)
+                count_sets(3),
+                after_counts(3)
             ),
             finish_run: format!(
                 "UPDATE _tm_runs SET status = '{}', result = $1, finished_at = {now}, checkpoint = NULL, {release},
@@ -483,6 +494,7 @@ mod tests {
                 &s.start_attempt,
                 &s.end_attempt,
                 &s.save_progress,
+                &s.heartbeat,
                 &s.insert_reject,
                 &s.fail_run,
                 &s.queue_next(3),

@@ -131,11 +131,11 @@ impl Driver for PgStore {
         schema: &TableSchema,
         lineage: &Lineage,
         run_id: Option<&str>,
-    ) -> Result<Vec<StoredRow>, Error> {
+        each: impl FnMut(StoredRow) -> Result<(), Error> + Send,
+    ) -> Result<(), Error> {
         let mut tx = self.pool.begin().await.db()?;
-        let hashes = stored_copy::stored_rows(&mut tx, schema, lineage, run_id).await?;
-        tx.commit().await.db()?;
-        Ok(hashes)
+        stored_copy::stored_rows(&mut tx, schema, lineage, run_id, each).await?;
+        tx.commit().await.db()
     }
 
     /// Encodes the batch for binary `COPY` before the transaction begins,

@@ -35,19 +35,17 @@ pub(super) async fn stored_rows(
     schema: &TableSchema,
     lineage: &Lineage,
     run_id: Option<&str>,
-) -> Result<Vec<StoredRow>, Error> {
-    let mut stored = Vec::new();
-    scan(tx, schema, lineage, run_id, |row| {
-        if let Some(row_hash) = row.row_hash {
-            stored.push(StoredRow {
-                key: row.key,
-                row_hash,
-                written_by_run: row.written_by_run,
-            });
-        }
+    mut each: impl FnMut(StoredRow) -> Result<(), Error> + Send,
+) -> Result<(), Error> {
+    scan(tx, schema, lineage, run_id, |row| match row.row_hash {
+        Some(row_hash) => each(StoredRow {
+            key: row.key,
+            row_hash,
+            written_by_run: row.written_by_run,
+        }),
+        None => Ok(()),
     })
-    .await?;
-    Ok(stored)
+    .await
 }
 
 /// The run key's live row count, and the natural keys of the rows it held
@@ -64,6 +62,7 @@ pub(super) async fn vanished_keys(
         if existing.vanished(row.key) {
             vanished.push(row.values);
         }
+        Ok(())
     })
     .await?;
     Ok((live, vanished))
@@ -75,7 +74,7 @@ async fn scan(
     schema: &TableSchema,
     lineage: &Lineage,
     run_id: Option<&str>,
-    mut each: impl FnMut(LiveRow),
+    mut each: impl FnMut(LiveRow) -> Result<(), Error> + Send,
 ) -> Result<(), Error> {
     // COPY takes no bind parameters: the run key travels as settings local
     // to this transaction.
@@ -100,7 +99,7 @@ async fn scan(
         pending.extend_from_slice(&chunk);
         let mut start = 0;
         while let Some(end) = pending[start..].iter().position(|&b| b == b'\n') {
-            each(parse_line(schema, &types, &pending[start..start + end])?);
+            each(parse_line(schema, &types, &pending[start..start + end])?)?;
             start += end + 1;
         }
         pending.drain(..start);

@@ -313,13 +313,22 @@ async fn merge_through_stage(
          OR t._tm_export_type IS DISTINCT FROM EXCLUDED._tm_export_type
          OR t._tm_period_start IS DISTINCT FROM EXCLUDED._tm_period_start",
     );
+    // The ownership rule (ADR 0006): a row belongs to the latest period that
+    // holds it, so another run key's row is taken over only from an earlier
+    // period (or when soft-deleted); an equal period start keeps it where it is.
+    let mut may_take = String::from(
+        "(t._tm_source = EXCLUDED._tm_source AND t._tm_export_type = EXCLUDED._tm_export_type
+          AND t._tm_period_start = EXCLUDED._tm_period_start)
+         OR EXCLUDED._tm_period_start > t._tm_period_start",
+    );
     if schema.soft_delete {
         sets.push(format!("{DELETED_AT} = NULL"));
         differs.push_str(&format!(" OR t.{DELETED_AT} IS NOT NULL"));
+        may_take.push_str(&format!(" OR t.{DELETED_AT} IS NOT NULL"));
     }
     let sql = format!(
         "INSERT INTO {table} AS t ({columns}) SELECT {columns} FROM {stage}
-         ON CONFLICT ({}) DO UPDATE SET {} WHERE {differs}
+         ON CONFLICT ({}) DO UPDATE SET {} WHERE ({differs}) AND ({may_take})
          RETURNING (xmax = 0) AS inserted",
         key_list(schema),
         sets.join(", ")
@@ -327,10 +336,16 @@ async fn merge_through_stage(
     let returned: Vec<bool> = sqlx::query_scalar(&sql).fetch_all(&mut **tx).await.db()?;
     let inserted = returned.iter().filter(|i| **i).count() as u64;
     let written = returned.len() as u64;
+    let superseded = if written < staged as u64 {
+        held_elsewhere(tx, schema, &stage).await?
+    } else {
+        0
+    };
     Ok(WriteCounts {
         inserted,
         updated: written - inserted,
-        unchanged: (staged as u64).saturating_sub(written),
+        unchanged: (staged as u64).saturating_sub(written + superseded),
+        superseded,
     })
 }
 
@@ -346,6 +361,37 @@ fn stage_name(schema: &TableSchema, columns: &str) -> String {
         "_tm_stage_{:016x}",
         xxhash_rust::xxh3::xxh3_64(shape.as_bytes())
     )
+}
+
+/// How many staged rows another run key still holds after the merge: left
+/// to a later period by the ownership rule. Asked only when the merge wrote
+/// fewer rows than it was given; logs each key at debug level.
+async fn held_elsewhere(
+    tx: &mut Transaction<'_, Postgres>,
+    schema: &TableSchema,
+    stage: &str,
+) -> Result<u64, Error> {
+    let keys: Vec<String> = schema
+        .key_columns()
+        .map(|(n, _)| format!("s.{}::text", quote(n)))
+        .collect();
+    let join: Vec<String> = schema
+        .key_columns()
+        .map(|(n, _)| format!("t.{0} = s.{0}", quote(n)))
+        .collect();
+    let sql = format!(
+        "SELECT concat_ws(', ', {}), t._tm_period_start::text FROM {stage} s JOIN {} t ON {}
+         WHERE NOT (t._tm_source = s._tm_source AND t._tm_export_type = s._tm_export_type
+                    AND t._tm_period_start = s._tm_period_start)",
+        keys.join(", "),
+        quote(&schema.table),
+        join.join(" AND ")
+    );
+    let held: Vec<(String, String)> = sqlx::query_as(&sql).fetch_all(&mut **tx).await.db()?;
+    for (key, period) in &held {
+        tracing::debug!(%key, held_by = %period, "row left as it is: a later period holds its key");
+    }
+    Ok(held.len() as u64)
 }
 
 /// Deletes (or soft-deletes) rows of the run key by natural key, joining

@@ -123,9 +123,13 @@ impl Driver for SqliteStore {
         schema: &TableSchema,
         lineage: &Lineage,
         run_id: Option<&str>,
-    ) -> Result<Vec<StoredRow>, Error> {
+        each: impl FnMut(StoredRow) -> Result<(), Error> + Send,
+    ) -> Result<(), Error> {
         let mut conn = self.pool.acquire().await.db()?;
-        raw::with_raw(&mut conn, |c| raw::stored_rows(c, schema, lineage, run_id)).await
+        raw::with_raw(&mut conn, |c| {
+            raw::stored_rows(c, schema, lineage, run_id, each)
+        })
+        .await
     }
 
     /// Renders decimals, times, JSON and row hashes as the text SQLite

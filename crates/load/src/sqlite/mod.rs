@@ -8,9 +8,11 @@
 //! - `open`: the pool, start-up retries and the background WAL checkpointer;
 //! - `driver`: the ledger's type mapping and the data plane behind
 //!   [`crate::ledger::driver::Driver`];
-//! - `table`, `raw`: destination tables and the row-by-row fast paths.
+//! - `table`, `raw`: destination tables and the row-by-row fast paths;
+//! - `ffi`: every raw call into SQLite (the one place `unsafe` is allowed).
 
 pub(crate) mod driver;
+mod ffi;
 mod open;
 mod raw;
 mod table;
@@ -23,8 +25,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqliteSy
 use tidemark_core::Error;
 
 use crate::retry_while;
+use ffi::WalSignal;
 use open::{checkpoint_in_background, open_pool, MIGRATE_DEADLINE, WAL_CHECKPOINT_FRAMES};
-use raw::WalSignal;
 
 /// A pool of connections to one SQLite file.
 #[derive(Debug, Clone)]

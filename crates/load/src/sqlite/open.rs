@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use tidemark_core::Error;
 
-use super::raw::{self, WalSignal};
+use super::ffi::{self, WalSignal};
 use crate::db_error::{db_error, is_sqlite_busy};
 use crate::retry_while;
 
@@ -39,7 +39,7 @@ pub(super) async fn open_pool(
                 .max_connections(4)
                 .acquire_timeout(Duration::from_secs(120))
                 .after_connect(move |conn, _| {
-                    Box::pin(async move { raw::install_wal_hook(conn, wal_signal).await })
+                    Box::pin(async move { ffi::install_wal_hook(conn, wal_signal).await })
                 })
                 .connect_with(options.clone())
         },

@@ -10,11 +10,8 @@
 //! one single-row `INSERT` prepared per batch with its parameters rebound
 //! per row, as the `sqlite3` shell's `.import` does, and rows read in place.
 
-use std::ffi::{c_char, c_int, c_void};
-
 use rusqlite::types::ValueRef;
-use rusqlite::{ffi, Connection, ErrorCode};
-use sqlx::SqliteConnection;
+use rusqlite::{Connection, ErrorCode};
 use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 
 use super::table::{key_list, live_rows_of_run_key, Stamp};
@@ -25,87 +22,8 @@ use crate::schema::{
 use crate::stored::StoredHashes;
 use crate::writer::{Lineage, StoredRow, Write, WriteCounts};
 
-mod statement;
-
-use statement::BorrowingStatement;
-
-/// Runs `work` on `conn`'s raw SQLite handle. Inside a transaction, the work
-/// is part of it.
-pub(super) async fn with_raw<R>(
-    conn: &mut SqliteConnection,
-    work: impl FnOnce(&Connection) -> Result<R, Error>,
-) -> Result<R, Error> {
-    let mut handle = conn.lock_handle().await.db()?;
-    let raw = handle.as_raw_handle();
-    // SAFETY: `handle` keeps sqlx's worker off this connection until it is
-    // dropped, after `borrowed`, so only this thread uses the handle.
-    // `from_handle` does not take ownership: dropping `borrowed` finalizes
-    // the statements it prepared and never closes the database.
-    #[allow(unsafe_code)]
-    let borrowed = unsafe { Connection::from_handle(raw.as_ptr()) }.db()?;
-    let result = blocking(|| work(&borrowed));
-    drop(borrowed);
-    drop(handle);
-    result
-}
-
-/// Wakes the background checkpointer when a commit leaves the WAL at
-/// `threshold` frames or more; see [`install_wal_hook`].
-#[derive(Debug)]
-pub(super) struct WalSignal {
-    pub(super) threshold: c_int,
-    pub(super) notify: tokio::sync::Notify,
-}
-
-/// Replaces SQLite's automatic checkpoint on `conn` with a signal to the
-/// background checkpointer. The automatic one copies the WAL into the file
-/// inside `COMMIT`, on the committing connection, so the run that committed
-/// waited for every page of it before it could write its next batch.
-pub(super) async fn install_wal_hook(
-    conn: &mut SqliteConnection,
-    signal: &'static WalSignal,
-) -> Result<(), sqlx::Error> {
-    let mut handle = conn.lock_handle().await?;
-    let raw = handle.as_raw_handle();
-    let arg: *const WalSignal = signal;
-    // SAFETY: `handle` keeps every other thread off the connection during
-    // the call. `signal` lives for the whole program, so the pointer stays
-    // valid for every later call of the hook, on whatever thread commits.
-    #[allow(unsafe_code)]
-    unsafe {
-        ffi::sqlite3_wal_hook(raw.as_ptr(), Some(on_wal_commit), arg.cast_mut().cast());
-    }
-    Ok(())
-}
-
-/// SQLite calls this after each commit in WAL mode with the WAL's frame
-/// count. It must not fail or block: it only wakes the checkpointer.
-#[allow(unsafe_code)]
-unsafe extern "C" fn on_wal_commit(
-    arg: *mut c_void,
-    _db: *mut ffi::sqlite3,
-    _name: *const c_char,
-    frames: c_int,
-) -> c_int {
-    // SAFETY: `arg` is the `&'static WalSignal` given to `install_wal_hook`.
-    let signal = unsafe { &*arg.cast::<WalSignal>() };
-    if frames >= signal.threshold {
-        signal.notify.notify_one();
-    }
-    ffi::SQLITE_OK
-}
-
-/// Runs synchronous database work without stalling the other tasks of a
-/// multi-threaded runtime (the heartbeat, the reader one batch ahead).
-fn blocking<R>(work: impl FnOnce() -> R) -> R {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(work)
-        }
-        _ => work(),
-    }
-}
+pub(super) use super::ffi::with_raw;
+use super::ffi::BorrowingStatement;
 
 /// Parameter numbers shared by the insert and update statements: `?1..?n`
 /// are the `[fields]` values, then the lineage columns in table order.
@@ -135,7 +53,26 @@ fn insert_sql(schema: &TableSchema) -> String {
     )
 }
 
-/// `UPDATE` of every value and lineage column by natural key; with
+/// Whether a write of this run key may replace the row it meets: its own
+/// row, a row of an earlier period (a row belongs to the latest period that
+/// holds it: ADR 0006), or a soft-deleted row (as a deleted one would be
+/// gone). Period starts are compared as instants with `julianday`: SQLite
+/// stores them as RFC 3339 text with their offsets, which does not sort as
+/// time. An equal start under another run key keeps the row where it is.
+fn may_take(p: &Params, schema: &TableSchema) -> String {
+    let (source, export_type, start) = (p.lineage(0), p.lineage(1), p.lineage(2));
+    let mut cond = format!(
+        "(_tm_source = ?{source} AND _tm_export_type = ?{export_type} AND _tm_period_start = ?{start}) \
+         OR julianday(?{start}) > julianday(_tm_period_start)"
+    );
+    if schema.soft_delete {
+        cond.push_str(&format!(" OR {DELETED_AT} IS NOT NULL"));
+    }
+    format!("({cond})")
+}
+
+/// `UPDATE` of every value and lineage column by natural key, where the
+/// ownership rule lets this run key write ([`may_take`]); with
 /// `only_if_different`, only when the hash or the run key differs, or the
 /// row was soft-deleted, so an identical row is never rewritten.
 fn update_sql(schema: &TableSchema, only_if_different: bool) -> String {
@@ -163,10 +100,11 @@ fn update_sql(schema: &TableSchema, only_if_different: bool) -> String {
         .map(|&i| format!("{} = ?{}", quote(&schema.columns[i].0), i + 1))
         .collect();
     let mut sql = format!(
-        "UPDATE {} SET {} WHERE {}",
+        "UPDATE {} SET {} WHERE {} AND {}",
         quote(&schema.table),
         sets.join(", "),
-        key.join(" AND ")
+        key.join(" AND "),
+        may_take(&p, schema)
     );
     if only_if_different {
         let differs: Vec<String> = [4, 0, 1, 2]
@@ -184,7 +122,7 @@ fn update_sql(schema: &TableSchema, only_if_different: bool) -> String {
 
 /// One prepared write statement with the batch's lineage bound once;
 /// parameters survive `reset`, so each row rebinds only its own values.
-/// Texts are bound in place (see [`statement`]), so the rows and their
+/// Texts are bound in place (see `ffi::statement`), so the rows and their
 /// rendered texts must outlive the statement: `'d`.
 struct RowStatement<'c, 'd> {
     statement: BorrowingStatement<'c, 'd>,
@@ -326,6 +264,71 @@ impl<'r> Pieces<'r> {
     }
 }
 
+/// Finds the period start of another run key that holds a row's key: the
+/// row was not written because that period is later (or starts at the
+/// same instant). Prepared only when a batch meets such a row.
+struct Holder<'c> {
+    conn: &'c Connection,
+    sql: String,
+    key: Vec<usize>,
+}
+
+impl<'c> Holder<'c> {
+    fn new(conn: &'c Connection, schema: &TableSchema) -> Self {
+        let key: Vec<String> = schema
+            .key
+            .iter()
+            .enumerate()
+            .map(|(n, &i)| format!("{} = ?{}", quote(&schema.columns[i].0), n + 1))
+            .collect();
+        let n = schema.key.len();
+        let sql = format!(
+            "SELECT _tm_period_start FROM {} WHERE {} \
+             AND NOT (_tm_source = ?{} AND _tm_export_type = ?{} AND _tm_period_start = ?{})",
+            quote(&schema.table),
+            key.join(" AND "),
+            n + 1,
+            n + 2,
+            n + 3
+        );
+        Holder {
+            conn,
+            sql,
+            key: schema.key.clone(),
+        }
+    }
+
+    fn period_of(&self, row: &Row, lineage: &Lineage) -> Result<Option<String>, Error> {
+        let mut params: Vec<rusqlite::types::Value> = self
+            .key
+            .iter()
+            .map(|&i| stored_value(&row.values[i]))
+            .collect();
+        params.extend(
+            [&lineage.source, &lineage.export_type, &lineage.period_start]
+                .map(|text| rusqlite::types::Value::Text(text.clone())),
+        );
+        let mut statement = self.conn.prepare_cached(&self.sql).db()?;
+        let mut rows = statement.query(rusqlite::params_from_iter(params)).db()?;
+        match rows.next().db()? {
+            Some(found) => Ok(Some(found.get::<_, String>(0).db()?)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// A value as the table stores it (see [`Bind`]), owned.
+fn stored_value(value: &Value) -> rusqlite::types::Value {
+    use rusqlite::types::Value as Stored;
+    match Bind::of(value) {
+        Bind::Null => Stored::Null,
+        Bind::Text(s) => Stored::Text(s.to_string()),
+        Bind::Int(n) => Stored::Integer(n),
+        Bind::Float(f) => Stored::Real(f),
+        Bind::Rendered => Stored::Text(value.canonical_text().unwrap_or_default()),
+    }
+}
+
 fn is_unique_violation(err: &rusqlite::Error) -> bool {
     matches!(
         err,
@@ -339,7 +342,9 @@ fn is_unique_violation(err: &rusqlite::Error) -> bool {
 /// row new to the run key is inserted without probing, and if its key
 /// exists under another run key the failed single-row `INSERT` has written
 /// nothing (SQLite undoes just that statement) and the row is updated
-/// instead, only if something differs.
+/// instead, only if something differs and the ownership rule lets this run
+/// key take the row ([`may_take`]). A row left to a later period is counted
+/// as superseded.
 pub(super) fn write_rows<'d>(
     conn: &Connection,
     schema: &TableSchema,
@@ -351,6 +356,7 @@ pub(super) fn write_rows<'d>(
     let mut update = RowStatement::prepare(conn, &update_sql(schema, false), schema, stamp)?;
     let mut update_if_different =
         RowStatement::prepare(conn, &update_sql(schema, true), schema, stamp)?;
+    let holder = Holder::new(conn, schema);
     let mut written = WriteCounts::default();
     for (n, (row, write)) in rows.iter().enumerate() {
         if *write == Write::Update && update.execute(row, &mut rendered.row(n)).db()? == 1 {
@@ -366,6 +372,9 @@ pub(super) fn write_rows<'d>(
                     == 1
                 {
                     written.updated += 1;
+                } else if let Some(period) = holder.period_of(row, stamp.lineage)? {
+                    tracing::debug!(key = %row.key_text(&schema.key), held_by = %period, "row left as it is: a later period holds its key");
+                    written.superseded += 1;
                 } else {
                     written.unchanged += 1;
                 }
@@ -383,18 +392,18 @@ pub(super) fn stored_rows(
     schema: &TableSchema,
     lineage: &Lineage,
     run_id: Option<&str>,
-) -> Result<Vec<StoredRow>, Error> {
-    let mut stored = Vec::new();
+    mut each: impl FnMut(StoredRow) -> Result<(), Error>,
+) -> Result<(), Error> {
     scan(conn, schema, lineage, run_id, |key, row| {
-        if let Some(row_hash) = row.row_hash {
-            stored.push(StoredRow {
+        match row.row_hash {
+            Some(row_hash) => each(StoredRow {
                 key,
                 row_hash,
                 written_by_run: row.written_by_run,
-            });
+            }),
+            None => Ok(()),
         }
-    })?;
-    Ok(stored)
+    })
 }
 
 /// The run key's live row count, and the rowids of the rows it held at the
@@ -411,6 +420,7 @@ pub(super) fn vanished_rows(
         if existing.vanished(key) {
             vanished.push(row.rowid);
         }
+        Ok(())
     })?;
     Ok((live, vanished))
 }
@@ -431,7 +441,7 @@ fn scan(
     schema: &TableSchema,
     lineage: &Lineage,
     run_id: Option<&str>,
-    mut each: impl FnMut(Hash128, LiveRow),
+    mut each: impl FnMut(Hash128, LiveRow) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let sql = format!(
         "SELECT {}, _tm_row_hash, _tm_run_id = ?, rowid FROM {} WHERE {}",
@@ -459,7 +469,7 @@ fn scan(
             written_by_run: row.get::<_, Option<i64>>(hash_column + 1).db()? == Some(1),
             rowid: row.get(hash_column + 2).db()?,
         };
-        each(key_hash_of(schema, row)?, live);
+        each(key_hash_of(schema, row)?, live)?;
     }
     Ok(())
 }

@@ -12,7 +12,6 @@
 //! that reads them. [`BorrowingStatement`] carries the lifetime `'d` of the
 //! data it may bind, so the borrow checker keeps every bound text alive for
 //! as long as the statement exists.
-#![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, CStr};
 use std::marker::PhantomData;

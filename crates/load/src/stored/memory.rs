@@ -1,6 +1,5 @@
-//! What a run key held when an attempt started, and which of it the run has
-//! seen since: the in-memory half of "unchanged rows are never written" and
-//! of reconciliation.
+//! The in-memory form of a run key's stored hashes: below the memory
+//! budget, every lookup is a read of memory.
 
 use tidemark_core::Hash128;
 
@@ -15,23 +14,23 @@ use tidemark_core::Hash128;
 /// one directory read and a scan of about two entries instead of a binary
 /// search over the whole vector: a re-sync looks up every row it reads.
 #[derive(Debug, Default)]
-pub(crate) struct StoredHashes {
+pub(crate) struct InMemory {
     pairs: Vec<(Hash128, Hash128)>,
     /// `directory[b]` is the index of the first pair whose key's top bits
     /// are `>= b`; one more entry than there are buckets.
-    directory: Vec<usize>,
+    directory: Vec<u32>,
     /// Key hash bits below the bucket number.
     shift: u32,
     seen: Vec<u64>,
     unseen: usize,
 }
 
-impl StoredHashes {
+impl InMemory {
     pub(crate) fn new(mut pairs: Vec<(Hash128, Hash128)>) -> Self {
         pairs.sort_unstable_by_key(|(key, _)| *key);
         pairs.dedup_by_key(|(key, _)| *key);
         pairs.shrink_to_fit();
-        // About two entries a bucket: 4 bytes of directory per entry.
+        // About two entries a bucket: 2 to 4 bytes of directory per entry.
         let bits = usize::BITS - (pairs.len() / 2).leading_zeros();
         let shift = u128::BITS - bits;
         let buckets = 1usize << bits;
@@ -41,11 +40,11 @@ impl StoredHashes {
             while next < pairs.len() && bucket_of(pairs[next].0, shift) < bucket {
                 next += 1;
             }
-            directory.push(next);
+            directory.push(index(next));
         }
-        directory.push(pairs.len());
+        directory.push(index(pairs.len()));
         let unseen = pairs.len();
-        StoredHashes {
+        InMemory {
             seen: vec![0; pairs.len().div_ceil(64)],
             pairs,
             directory,
@@ -57,8 +56,8 @@ impl StoredHashes {
     /// Where a key is, if the run key had it.
     pub(crate) fn position(&self, key: Hash128) -> Option<usize> {
         let bucket = bucket_of(key, self.shift);
-        let start = *self.directory.get(bucket)?;
-        let end = *self.directory.get(bucket + 1)?;
+        let start = usize::try_from(*self.directory.get(bucket)?).ok()?;
+        let end = usize::try_from(*self.directory.get(bucket + 1)?).ok()?;
         self.pairs[start..end]
             .iter()
             .position(|(k, _)| *k == key)
@@ -91,6 +90,16 @@ impl StoredHashes {
         true
     }
 
+    /// Takes back [`InMemory::saw`] of a key not seen before (its row hash
+    /// unchanged), for a transaction that did not commit.
+    pub(crate) fn unsee(&mut self, position: usize) {
+        let (word, bit) = (position / 64, 1u64 << (position % 64));
+        if self.seen[word] & bit != 0 {
+            self.seen[word] &= !bit;
+            self.unseen += 1;
+        }
+    }
+
     /// Whether the run has seen the key at `position`.
     pub(crate) fn was_seen(&self, position: usize) -> bool {
         self.seen[position / 64] & (1u64 << (position % 64)) != 0
@@ -113,6 +122,12 @@ impl StoredHashes {
     }
 }
 
+/// A position as a directory entry: 4 bytes, not 8. The budget keeps an
+/// in-memory set far below 2^32 rows.
+fn index(position: usize) -> u32 {
+    u32::try_from(position).unwrap_or(u32::MAX)
+}
+
 fn bucket_of(key: Hash128, shift: u32) -> usize {
     // `shift` leaves at most usize::BITS - 1 bits.
     usize::try_from(key.0.checked_shr(shift).unwrap_or(0)).unwrap_or(usize::MAX)
@@ -130,7 +145,7 @@ mod tests {
     fn finds_every_stored_key_and_no_other() {
         for n in [0u128, 1, 2, 3, 7, 64, 65, 1000] {
             let pairs = (0..n).map(|i| (spread(i), Hash128(i))).collect();
-            let stored = StoredHashes::new(pairs);
+            let stored = InMemory::new(pairs);
             assert_eq!(stored.len(), usize::try_from(n).unwrap());
             for i in 0..n {
                 let at = stored.position(spread(i)).expect("stored key found");
@@ -146,7 +161,7 @@ mod tests {
     #[test]
     fn seen_bits_track_what_vanished() {
         let pairs = (0..100u128).map(|i| (spread(i), Hash128(i))).collect();
-        let mut stored = StoredHashes::new(pairs);
+        let mut stored = InMemory::new(pairs);
         assert_eq!(stored.unseen(), 100);
         for i in 0..99 {
             let at = stored.position(spread(i)).unwrap();

@@ -1,0 +1,107 @@
+//! Every raw call into SQLite, in one place: borrowing sqlx's connection
+//! handle for rusqlite, the WAL commit hook, and the statement that binds
+//! texts in place ([`statement`]). `unsafe` is allowed in this module and
+//! nowhere else in the workspace; the rest of the SQLite backend uses what
+//! it exports through safe signatures.
+//!
+//! The handle sqlx hands out and the one rusqlite takes are the same C
+//! type only while sqlx and rusqlite link the same `libsqlite3-sys`, which
+//! the workspace pins (`Cargo.toml`); [`SAME_LIBRARY`] makes the build
+//! fail, here, if they ever diverge.
+#![allow(unsafe_code)]
+
+mod statement;
+
+use std::ffi::{c_char, c_int, c_void};
+
+use rusqlite::{ffi, Connection};
+use sqlx::SqliteConnection;
+use tidemark_core::Error;
+
+use crate::db_error::DbResultExt;
+
+pub(super) use statement::BorrowingStatement;
+
+/// Compiles only while sqlx's handle type (from the pinned
+/// `libsqlite3-sys`) is rusqlite's: a version bump of one without the
+/// others stops the build at this line, not in a crash.
+const SAME_LIBRARY: fn(*mut libsqlite3_sys::sqlite3) -> *mut ffi::sqlite3 = |handle| handle;
+
+/// Runs `work` on `conn`'s raw SQLite handle. Inside a transaction, the work
+/// is part of it.
+pub(super) async fn with_raw<R>(
+    conn: &mut SqliteConnection,
+    work: impl FnOnce(&Connection) -> Result<R, Error>,
+) -> Result<R, Error> {
+    let mut handle = conn.lock_handle().await.db()?;
+    let raw = handle.as_raw_handle();
+    // SAFETY: `handle` keeps sqlx's worker off this connection until it is
+    // dropped, after `borrowed`, so only this thread uses the handle.
+    // `from_handle` does not take ownership: dropping `borrowed` finalizes
+    // the statements it prepared and never closes the database.
+    let borrowed = unsafe { Connection::from_handle(SAME_LIBRARY(raw.as_ptr())) }.db()?;
+    let result = blocking(|| work(&borrowed));
+    drop(borrowed);
+    drop(handle);
+    result
+}
+
+/// Wakes the background checkpointer when a commit leaves the WAL at
+/// `threshold` frames or more; see [`install_wal_hook`].
+#[derive(Debug)]
+pub(super) struct WalSignal {
+    pub(super) threshold: c_int,
+    pub(super) notify: tokio::sync::Notify,
+}
+
+/// Replaces SQLite's automatic checkpoint on `conn` with a signal to the
+/// background checkpointer. The automatic one copies the WAL into the file
+/// inside `COMMIT`, on the committing connection, so the run that committed
+/// waited for every page of it before it could write its next batch.
+pub(super) async fn install_wal_hook(
+    conn: &mut SqliteConnection,
+    signal: &'static WalSignal,
+) -> Result<(), sqlx::Error> {
+    let mut handle = conn.lock_handle().await?;
+    let raw = handle.as_raw_handle();
+    let arg: *const WalSignal = signal;
+    // SAFETY: `handle` keeps every other thread off the connection during
+    // the call. `signal` lives for the whole program, so the pointer stays
+    // valid for every later call of the hook, on whatever thread commits.
+    unsafe {
+        ffi::sqlite3_wal_hook(
+            SAME_LIBRARY(raw.as_ptr()),
+            Some(on_wal_commit),
+            arg.cast_mut().cast(),
+        );
+    }
+    Ok(())
+}
+
+/// SQLite calls this after each commit in WAL mode with the WAL's frame
+/// count. It must not fail or block: it only wakes the checkpointer.
+unsafe extern "C" fn on_wal_commit(
+    arg: *mut c_void,
+    _db: *mut ffi::sqlite3,
+    _name: *const c_char,
+    frames: c_int,
+) -> c_int {
+    // SAFETY: `arg` is the `&'static WalSignal` given to `install_wal_hook`.
+    let signal = unsafe { &*arg.cast::<WalSignal>() };
+    if frames >= signal.threshold {
+        signal.notify.notify_one();
+    }
+    ffi::SQLITE_OK
+}
+
+/// Runs synchronous database work without stalling the other tasks of a
+/// multi-threaded runtime (the heartbeat, the reader one batch ahead).
+fn blocking<R>(work: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
+}

@@ -1,0 +1,295 @@
+//! What a run key held when an attempt started, and which of it the run has
+//! seen since: the half of "unchanged rows are never written" and of
+//! reconciliation that lives in the client.
+//!
+//! Below the pipeline's `memory_budget` the `(key hash, row hash)` pairs
+//! are held in memory ([`memory::InMemory`]); a run key whose stored rows
+//! need more is sorted into a temporary file ([`spill::Spilled`]), so a
+//! period of any size runs in the same memory (ADR 0007).
+
+mod memory;
+mod spill;
+
+use tidemark_core::{Error, Hash128};
+
+pub(crate) use memory::InMemory;
+
+/// Bytes an in-memory entry costs: the pair (32), its share of the
+/// directory (2 to 4) and its seen bit, rounded up.
+const MEMORY_ENTRY: u64 = 40;
+
+/// Bytes a key this run wrote before a crash costs while it is collected.
+const OURS_ENTRY: u64 = 16;
+
+/// A stored key, as a lookup finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Found {
+    /// Where it is, for [`StoredHashes::saw`].
+    pub position: usize,
+    /// The row hash to compare with; `None` when this run has written the
+    /// row since it started (the database then compares).
+    pub row_hash: Option<Hash128>,
+}
+
+/// The run key's stored hashes, in memory or in a file.
+#[derive(Debug)]
+pub(crate) enum StoredHashes {
+    Memory(InMemory),
+    Spilled(spill::Spilled),
+}
+
+impl Default for StoredHashes {
+    fn default() -> Self {
+        StoredHashes::Memory(InMemory::default())
+    }
+}
+
+impl StoredHashes {
+    /// Finds each key (results in the order of `keys`).
+    pub(crate) fn find_all(&mut self, keys: &[Hash128]) -> Result<Vec<Option<Found>>, Error> {
+        match self {
+            StoredHashes::Memory(m) => Ok(keys
+                .iter()
+                .map(|&key| {
+                    m.position(key).map(|position| Found {
+                        position,
+                        row_hash: Some(m.row_hash(position)),
+                    })
+                })
+                .collect()),
+            StoredHashes::Spilled(s) => s.find_all(keys),
+        }
+    }
+
+    /// Records that the run saw the key at `position` again and the table
+    /// now holds `row_hash` for it (so a later duplicate compares against
+    /// what is stored); `written` when this run wrote it.
+    pub(crate) fn saw(&mut self, position: usize, row_hash: Hash128, written: bool) {
+        match self {
+            StoredHashes::Memory(m) => m.saw(position, row_hash),
+            StoredHashes::Spilled(s) => s.saw(position, written),
+        }
+    }
+
+    /// Marks the key at `position` seen, its row hash unchanged; false if
+    /// it was seen already. [`StoredHashes::unsee`] takes it back.
+    pub(crate) fn see(&mut self, position: usize) -> bool {
+        if self.was_seen(position) {
+            return false;
+        }
+        match self {
+            StoredHashes::Memory(m) => m.saw(position, m.row_hash(position)),
+            StoredHashes::Spilled(s) => s.saw(position, false),
+        }
+        true
+    }
+
+    /// Takes back [`StoredHashes::see`].
+    pub(crate) fn unsee(&mut self, position: usize) {
+        match self {
+            StoredHashes::Memory(m) => m.unsee(position),
+            StoredHashes::Spilled(s) => s.unsee(position),
+        }
+    }
+
+    /// Marks a stored key as seen; false if the run key did not hold it.
+    pub(crate) fn mark_seen(&mut self, key: Hash128) -> Result<bool, Error> {
+        match self {
+            StoredHashes::Memory(m) => Ok(m.mark_seen(key)),
+            StoredHashes::Spilled(s) => Ok(match s.find_all(&[key])?.pop().flatten() {
+                Some(found) => {
+                    s.saw(found.position, false);
+                    true
+                }
+                None => false,
+            }),
+        }
+    }
+
+    /// Whether the run has seen the key at `position`.
+    pub(crate) fn was_seen(&self, position: usize) -> bool {
+        match self {
+            StoredHashes::Memory(m) => m.was_seen(position),
+            StoredHashes::Spilled(s) => s.was_seen(position),
+        }
+    }
+
+    /// Gets ready for [`StoredHashes::vanished`]; the file form reads the
+    /// keys not seen into memory (none, when every key was seen).
+    pub(crate) fn prepare_reconcile(&mut self) -> Result<(), Error> {
+        match self {
+            StoredHashes::Memory(_) => Ok(()),
+            StoredHashes::Spilled(s) => s.collect_unseen(),
+        }
+    }
+
+    /// Whether a key the run key held at the start has not been seen: a
+    /// row reconciliation removes. Keys the run key did not hold were
+    /// written by this attempt and never vanish.
+    pub(crate) fn vanished(&self, key: Hash128) -> bool {
+        match self {
+            StoredHashes::Memory(m) => m.vanished(key),
+            StoredHashes::Spilled(s) => s.vanished(key),
+        }
+    }
+
+    /// How many keys held at the start have not been seen.
+    pub(crate) fn unseen(&self) -> usize {
+        match self {
+            StoredHashes::Memory(m) => m.unseen(),
+            StoredHashes::Spilled(s) => s.unseen(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            StoredHashes::Memory(m) => m.len(),
+            StoredHashes::Spilled(s) => s.len(),
+        }
+    }
+
+    /// Whether the pairs went to a file.
+    pub(crate) fn spilled(&self) -> bool {
+        matches!(self, StoredHashes::Spilled(_))
+    }
+}
+
+/// Collects a run key's stored rows as the database streams them, in
+/// memory until they pass the budget, then in sorted runs on disk.
+#[derive(Debug)]
+pub(crate) struct Builder {
+    budget: u64,
+    pairs: Vec<(Hash128, Hash128)>,
+    /// Keys this run wrote before (a resumed attempt): seen already.
+    ours: Vec<Hash128>,
+    runs: Option<spill::Runs>,
+}
+
+impl Builder {
+    pub(crate) fn new(budget: u64) -> Builder {
+        Builder {
+            budget,
+            pairs: Vec::new(),
+            ours: Vec::new(),
+            runs: None,
+        }
+    }
+
+    fn used(&self) -> u64 {
+        self.pairs.len() as u64 * MEMORY_ENTRY + self.ours.len() as u64 * OURS_ENTRY
+    }
+
+    /// Adds one stored row; `ours` when this run wrote it.
+    pub(crate) fn push(
+        &mut self,
+        key: Hash128,
+        row_hash: Hash128,
+        ours: bool,
+    ) -> Result<(), Error> {
+        if self.pairs.len() == self.pairs.capacity() {
+            // Grow by doubling, never past what the budget holds.
+            let most = usize::try_from(self.budget / MEMORY_ENTRY).unwrap_or(usize::MAX);
+            let want = (self.pairs.len() * 2).max(1024).min(most.max(1));
+            self.pairs
+                .reserve_exact(want.saturating_sub(self.pairs.len()).max(1));
+        }
+        self.pairs.push((key, row_hash));
+        if ours {
+            self.ours.push(key);
+        }
+        if self.used() >= self.budget {
+            self.spill()?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is collected as one sorted run and starts the next.
+    fn spill(&mut self) -> Result<(), Error> {
+        if self.runs.is_none() {
+            self.runs = Some(spill::Runs::new()?);
+        }
+        if let Some(runs) = self.runs.as_mut() {
+            runs.write_run(&mut self.pairs, &mut self.ours)?;
+        }
+        self.pairs.clear();
+        self.ours.clear();
+        Ok(())
+    }
+
+    pub(crate) fn finish(mut self) -> Result<StoredHashes, Error> {
+        if self.runs.is_none() {
+            let mut stored = InMemory::new(std::mem::take(&mut self.pairs));
+            for key in self.ours {
+                stored.mark_seen(key);
+            }
+            return Ok(StoredHashes::Memory(stored));
+        }
+        if !self.pairs.is_empty() {
+            self.spill()?;
+        }
+        let runs = self
+            .runs
+            .take()
+            .ok_or_else(|| Error::Invariant("stored hashes: spilled without runs".to_string()))?;
+        Ok(StoredHashes::Spilled(runs.merge()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spread(i: u128) -> Hash128 {
+        Hash128(i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835))
+    }
+
+    fn build(budget: u64, n: u128, ours: impl Fn(u128) -> bool) -> StoredHashes {
+        let mut builder = Builder::new(budget);
+        for i in 0..n {
+            builder.push(spread(i), Hash128(i), ours(i)).unwrap();
+        }
+        builder.finish().unwrap()
+    }
+
+    /// The file form answers exactly as the memory form: every stored key
+    /// with its hash, no other key, seen bits, stale hashes of rows this
+    /// run wrote, and the keys that vanished.
+    #[test]
+    fn both_forms_agree() {
+        for n in [0u128, 1, 63, 64, 65, 1000, 5000] {
+            let mut memory = build(u64::MAX, n, |i| i % 7 == 0);
+            let mut file = build(3000, n, |i| i % 7 == 0);
+            assert!(!memory.spilled());
+            assert_eq!(file.spilled(), n * 40 >= 3000, "n = {n}");
+            assert_eq!(memory.len(), file.len());
+            assert_eq!(memory.unseen(), file.unseen(), "n = {n}");
+            let keys: Vec<Hash128> = (0..n + 50).map(spread).collect();
+            let a = memory.find_all(&keys).unwrap();
+            let b = file.find_all(&keys).unwrap();
+            for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                assert_eq!(
+                    a.map(|f| f.row_hash),
+                    b.map(|f| f.row_hash),
+                    "n = {n}, key {i}"
+                );
+                assert_eq!(a.is_some(), (i as u128) < n);
+            }
+            // See every third key; write every sixth.
+            for (i, (fa, fb)) in a.iter().zip(&b).enumerate().filter(|(i, _)| i % 3 == 0) {
+                if let (Some(fa), Some(fb)) = (fa, fb) {
+                    memory.saw(fa.position, Hash128(7), i % 6 == 0);
+                    file.saw(fb.position, Hash128(7), i % 6 == 0);
+                }
+            }
+            assert_eq!(memory.unseen(), file.unseen(), "n = {n}");
+            let again = file.find_all(&keys[..1]).unwrap();
+            if n > 0 && file.spilled() {
+                assert_eq!(again[0].and_then(|f| f.row_hash), None, "written: stale");
+            }
+            file.prepare_reconcile().unwrap();
+            for key in &keys {
+                assert_eq!(memory.vanished(*key), file.vanished(*key), "n = {n}");
+            }
+        }
+    }
+}
