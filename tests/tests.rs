@@ -15,4 +15,5 @@ mod memory_budget;
 mod ownership;
 mod scheduler;
 mod service;
+mod status;
 mod storage;

@@ -294,12 +294,48 @@ pub struct StatusArgs {
     pub pipeline: String,
 
     /// Only this period.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["from", "to"])]
     pub period: Option<String>,
+
+    /// The first period of a range (with --to). Periods of the range that
+    /// the ledger has no row for are shown as `missing`.
+    #[arg(long, requires = "to")]
+    pub from: Option<String>,
+
+    /// The last period of the range (inclusive).
+    #[arg(long, requires = "from")]
+    pub to: Option<String>,
+
+    /// Only run keys in this state. `missing` without a range means every
+    /// period from period.start through the last due one.
+    #[arg(long, value_enum)]
+    pub only: Option<StatusOnly>,
 
     /// One JSON object per run key instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `status --only`: the ledger's states (docs/ledger.md), plus `missing`
+/// (no row: never run), `stale` and `provisional` (done, with a note).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusOnly {
+    /// Queued, waiting for a worker (or interrupted, waiting to resume).
+    Pending,
+    /// An attempt holds the lease now.
+    Running,
+    /// Finished.
+    Done,
+    /// The last attempt failed.
+    Failed,
+    /// Taken out of the queue by `cancel`.
+    Cancelled,
+    /// No ledger row: the period was never run (or queued).
+    Missing,
+    /// Done under another handler version or other [fields].
+    Stale,
+    /// Done while its period was still open.
+    Provisional,
 }
 
 #[derive(Debug, Args)]

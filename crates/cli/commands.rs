@@ -8,8 +8,8 @@ use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
 use tidemark_load::{Enqueue, EnqueuedBy, QueueKey, RunStatus, Store, WorkerId};
 
 use crate::cli::{
-    BackfillArgs, CancelArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, StatusArgs,
-    SyncArgs, ValidateArgs,
+    BackfillArgs, CancelArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, SyncArgs,
+    ValidateArgs,
 };
 use crate::dry_run::{self, Target};
 use crate::engine::{Context, Job, Outcome, RunFlags};
@@ -36,7 +36,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
             crate::serve::serve(global, args, ctx).await
         }
         Command::Cancel(args) => cancel(global, args).await,
-        Command::Status(args) => status(&cli.global, args).await,
+        Command::Status(args) => crate::status::status(&cli.global, args).await,
         Command::Validate(args) => validate(&cli.global, &args).await,
         Command::Prune(args) => prune(&cli.global, args).await,
         Command::Migrate => {
@@ -543,45 +543,6 @@ async fn cancel(global: &Global, args: CancelArgs) -> Result<Exit, Error> {
         cancelled?,
         pipeline.spec.name
     );
-    Ok(Exit::Success)
-}
-
-async fn status(global: &Global, args: StatusArgs) -> Result<Exit, Error> {
-    let pipeline = load_pipeline(global, &args.pipeline)?;
-    let period = args
-        .period
-        .as_deref()
-        .map(|p| pipeline.period(p))
-        .transpose()?;
-    let store = Store::connect(&global.database_url).await?;
-    // Printed as the ledger streams in: `status` of 100,000 run keys holds
-    // one entry at a time.
-    let version = &pipeline.spec.version;
-    let fingerprint = pipeline.fields_fingerprint();
-    let mut table = output::StatusTable::default();
-    let read = store
-        .status_each(
-            &pipeline.spec.name,
-            period.map(|p| p.start_rfc3339()).as_deref(),
-            |mut entry| {
-                entry.judge_staleness(version, &fingerprint);
-                if args.json {
-                    output::print_status_json(&entry);
-                } else {
-                    table.add(&entry);
-                }
-                Ok(())
-            },
-        )
-        .await;
-    if let Err(e) = read {
-        store.close().await;
-        return Err(e);
-    }
-    if !args.json {
-        table.finish(&pipeline);
-    }
-    store.close().await;
     Ok(Exit::Success)
 }
 

@@ -39,6 +39,7 @@ mod plan;
 mod prepare;
 mod serve;
 mod shutdown;
+mod status;
 
 use std::process::ExitCode;
 

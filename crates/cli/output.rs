@@ -4,7 +4,8 @@
 use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tidemark_core::{Pipeline, RunKey};
+use serde::Serialize;
+use tidemark_core::{Period, Pipeline, RunKey};
 use tidemark_load::{Counts, LedgerEntry};
 
 use crate::engine::Outcome;
@@ -163,10 +164,87 @@ impl Summary {
     }
 }
 
-/// `status --json`: one object per run key.
-pub fn print_status_json(entry: &LedgerEntry) {
-    if let Ok(line) = serde_json::to_string(entry) {
-        say!("{line}");
+/// One line of `status`: a run key the ledger records, or one of the asked
+/// periods it has no row for.
+#[derive(Debug, Clone, Copy)]
+pub enum StatusLine<'a> {
+    /// A ledger row.
+    Recorded(&'a LedgerEntry),
+    /// No ledger row: never run, never queued.
+    Missing {
+        pipeline: &'a str,
+        source: &'a str,
+        export_type: &'a str,
+        period: &'a Period,
+    },
+}
+
+/// A `missing` line in JSON: the fields of a recorded one (so a consumer
+/// reads both with one schema), with status `missing`, zero counts and
+/// nulls.
+#[derive(Serialize)]
+struct MissingJson<'a> {
+    pipeline: &'a str,
+    source: &'a str,
+    export_type: &'a str,
+    period_start: String,
+    period_end: String,
+    status: &'static str,
+    attempts: i64,
+    run_id: Option<String>,
+    #[serde(flatten)]
+    counts: Counts,
+    error_class: Option<String>,
+    error_message: Option<String>,
+    started_at: Option<String>,
+    finished_at: Option<String>,
+    handler_version: Option<String>,
+    provisional: bool,
+    stale: bool,
+    stale_reason: Option<String>,
+    lease_owner: Option<String>,
+    lease_expires_at: Option<String>,
+    priority: i64,
+    not_before: Option<String>,
+    enqueued_by: Option<String>,
+}
+
+/// `status --json`: one object per line.
+pub fn print_status_json(line: &StatusLine<'_>) {
+    let json = match *line {
+        StatusLine::Recorded(entry) => serde_json::to_string(entry),
+        StatusLine::Missing {
+            pipeline,
+            source,
+            export_type,
+            period,
+        } => serde_json::to_string(&MissingJson {
+            pipeline,
+            source,
+            export_type,
+            period_start: period.start_rfc3339(),
+            period_end: period.end_rfc3339(),
+            status: "missing",
+            attempts: 0,
+            run_id: None,
+            counts: Counts::default(),
+            error_class: None,
+            error_message: None,
+            started_at: None,
+            finished_at: None,
+            handler_version: None,
+            provisional: false,
+            stale: false,
+            stale_reason: None,
+            lease_owner: None,
+            lease_expires_at: None,
+            priority: 0,
+            not_before: None,
+            enqueued_by: None,
+        }),
+    };
+    if let Ok(json) = json {
+        say!("{json}");
     }
 }
 
@@ -178,10 +256,10 @@ pub struct StatusTable {
 }
 
 impl StatusTable {
-    pub fn add(&mut self, e: &LedgerEntry) {
+    pub fn add(&mut self, line: &StatusLine<'_>) {
         if self.rows == 0 {
             say!(
-                "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>10}  {:<24} NOTE",
+                "{:<26} {:<12} {:<9} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>10}  {:<24} NOTE",
                 "PERIOD START",
                 "SOURCE",
                 "STATUS",
@@ -197,30 +275,52 @@ impl StatusTable {
             );
         }
         self.rows += 1;
-        let note = note(e);
-        say!(
-            "{:<26} {:<12} {:<8} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>10}  {:<24} {}",
-            e.period_start,
-            e.source,
-            e.status.as_str(),
-            e.attempts,
-            e.counts.rows_read,
-            e.counts.rows_inserted,
-            e.counts.rows_updated,
-            e.counts.rows_unchanged,
-            e.counts.rows_deleted,
-            e.counts.rows_rejected,
-            e.counts.rows_superseded,
-            e.finished_at.as_deref().unwrap_or("-"),
-            note
-        );
-    }
-
-    /// Says so when the ledger had nothing for the pipeline.
-    pub fn finish(self, pipeline: &Pipeline) {
-        if self.rows == 0 {
-            say!("no runs recorded for pipeline {}", pipeline.spec.name);
+        match *line {
+            StatusLine::Recorded(e) => say!(
+                "{:<26} {:<12} {:<9} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>10}  {:<24} {}",
+                e.period_start,
+                e.source,
+                e.status.as_str(),
+                e.attempts,
+                e.counts.rows_read,
+                e.counts.rows_inserted,
+                e.counts.rows_updated,
+                e.counts.rows_unchanged,
+                e.counts.rows_deleted,
+                e.counts.rows_rejected,
+                e.counts.rows_superseded,
+                e.finished_at.as_deref().unwrap_or("-"),
+                note(e)
+            ),
+            StatusLine::Missing { source, period, .. } => say!(
+                "{:<26} {:<12} {:<9} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>10}  {:<24} {}",
+                period.start_rfc3339(),
+                source,
+                "missing",
+                0,
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "never run"
+            ),
         }
+    }
+}
+
+/// What `status` says when no line matched.
+pub fn say_no_status(pipeline: &Pipeline, filtered: bool) {
+    if filtered {
+        say!(
+            "no run keys of pipeline {} match the selection",
+            pipeline.spec.name
+        );
+    } else {
+        say!("no runs recorded for pipeline {}", pipeline.spec.name);
     }
 }
 

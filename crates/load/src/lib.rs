@@ -29,7 +29,8 @@ use ledger::flow;
 pub use ledger::preview::Preview;
 pub use ledger::{
     process_is_gone, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue, EnqueuedBy,
-    Lease, LedgerEntry, QueueKey, QueuePipeline, QueuedRun, RunStatus, UnknownState, WorkerId,
+    Lease, LedgerEntry, QueueKey, QueuePipeline, QueuedRun, RunStatus, StartRange, UnknownState,
+    WorkerId,
 };
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter, WriterOptions};
@@ -241,14 +242,16 @@ impl Store {
         dispatch!(self, s => flow::status(s, pipeline, period_start).await)
     }
 
-    /// [`Store::status`], one entry at a time as the database returns them.
+    /// The ledger rows of a pipeline whose period starts lie in `range`,
+    /// one entry at a time as the database returns them, ordered by period
+    /// start (as an instant), source and export type.
     pub async fn status_each(
         &self,
         pipeline: &str,
-        period_start: Option<&str>,
+        range: StartRange<'_>,
         each: impl FnMut(LedgerEntry) -> Result<(), Error> + Send,
     ) -> Result<(), Error> {
-        dispatch!(self, s => flow::status_each(s, pipeline, period_start, each).await)
+        dispatch!(self, s => flow::status_each(s, pipeline, range, each).await)
     }
 
     /// Deletes attempt history and rejects older than `age`. Returns the

@@ -15,7 +15,7 @@ use super::rules::{decide, Decision, Snapshot};
 use super::sql::Statements;
 use super::{
     decode_hashes, new_run_id, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue,
-    Lease, LedgerEntry, QueuePipeline, QueuedRun, RunStatus, WorkerId,
+    Lease, LedgerEntry, QueuePipeline, QueuedRun, RunStatus, StartRange, WorkerId,
 };
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
@@ -508,7 +508,11 @@ pub(crate) async fn status<D: Driver>(
     period_start: Option<&str>,
 ) -> Result<Vec<LedgerEntry>, Error> {
     let mut entries = Vec::new();
-    status_each(driver, pipeline, period_start, |entry| {
+    let range = StartRange {
+        from: period_start,
+        to: period_start,
+    };
+    status_each(driver, pipeline, range, |entry| {
         entries.push(entry);
         Ok(())
     })
@@ -516,18 +520,23 @@ pub(crate) async fn status<D: Driver>(
     Ok(entries)
 }
 
-/// [`status`], handing each row to `each` as it is read: a ledger of
+/// The rows of `pipeline` whose period starts lie in `range`, in the order
+/// of their instants, handed to `each` as they are read: a ledger of
 /// 100,000 run keys is never held at once.
 pub(crate) async fn status_each<D: Driver>(
     driver: &D,
     pipeline: &str,
-    period_start: Option<&str>,
+    range: StartRange<'_>,
     mut each: impl FnMut(LedgerEntry) -> Result<(), Error> + Send,
 ) -> Result<(), Error> {
     let mut tx = driver.begin_read().await?;
     tx.fetch_each(
         &sql::<D>().status,
-        &[Arg::Text(pipeline), Arg::OptText(period_start)],
+        &[
+            Arg::Text(pipeline),
+            Arg::OptText(range.from),
+            Arg::OptText(range.to),
+        ],
         |row| each(entry_of(&row)?),
     )
     .await?;

@@ -188,6 +188,17 @@ pub struct Lease {
     pub owner: String,
 }
 
+/// Which period starts `status` reads: an inclusive range of instants
+/// (RFC 3339 texts), either end open. Compared as instants, not as text, so
+/// the two 02:00 hours of a DST fall-back day are both in and in order.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StartRange<'a> {
+    /// The earliest period start, if any.
+    pub from: Option<&'a str>,
+    /// The latest period start, if any.
+    pub to: Option<&'a str>,
+}
+
 /// Row counts of a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Counts {

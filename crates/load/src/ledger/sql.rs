@@ -329,9 +329,17 @@ impl Statements {
                                           value, reason, record, created_at)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, {now})"
             ),
-            status: "SELECT * FROM _tm_runs WHERE pipeline = $1 AND ($2 IS NULL OR period_start = $2)
-                     ORDER BY period_start, source, export_type"
-                .to_string(),
+            // Compared and ordered as instants: the text of a period start
+            // carries its local offset, so text order puts the second
+            // 02:00 of a DST fall-back day before the first.
+            status: format!(
+                "SELECT * FROM _tm_runs WHERE pipeline = $1
+                   AND ($2 IS NULL OR {start} >= {from}) AND ($3 IS NULL OR {start} <= {to})
+                 ORDER BY {start}, source, export_type",
+                start = d.instant("period_start"),
+                from = d.instant("$2"),
+                to = d.instant("$3"),
+            ),
             prune_attempts: format!(
                 "DELETE FROM _tm_attempts WHERE finished_at IS NOT NULL AND finished_at < {}",
                 d.time_param("$1")
