@@ -276,40 +276,55 @@ impl StatusTable {
         }
         self.rows += 1;
         match *line {
-            StatusLine::Recorded(e) => say!(
-                "{:<26} {:<12} {:<9} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>10}  {:<24} {}",
-                e.period_start,
-                e.source,
+            StatusLine::Recorded(e) => status_row(
+                &e.period_start,
+                &e.source,
                 e.status.as_str(),
                 e.attempts,
-                e.counts.rows_read,
-                e.counts.rows_inserted,
-                e.counts.rows_updated,
-                e.counts.rows_unchanged,
-                e.counts.rows_deleted,
-                e.counts.rows_rejected,
-                e.counts.rows_superseded,
+                Some(&e.counts),
                 e.finished_at.as_deref().unwrap_or("-"),
-                note(e)
+                &note(e),
             ),
-            StatusLine::Missing { source, period, .. } => say!(
-                "{:<26} {:<12} {:<9} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>10}  {:<24} {}",
-                period.start_rfc3339(),
+            StatusLine::Missing { source, period, .. } => status_row(
+                &period.start_rfc3339(),
                 source,
                 "missing",
                 0,
+                None,
                 "-",
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
-                "never run"
+                "never run",
             ),
         }
     }
+}
+
+/// One row of the `status` table; no counts (a missing key) print as `-`.
+fn status_row(
+    start: &str,
+    source: &str,
+    status: &str,
+    attempts: i64,
+    counts: Option<&Counts>,
+    finished: &str,
+    note: &str,
+) {
+    let count = |get: fn(&Counts) -> u64| counts.map_or("-".to_string(), |c| get(c).to_string());
+    say!(
+        "{:<26} {:<12} {:<9} {:>3} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>10}  {:<24} {}",
+        start,
+        source,
+        status,
+        attempts,
+        count(|c| c.rows_read),
+        count(|c| c.rows_inserted),
+        count(|c| c.rows_updated),
+        count(|c| c.rows_unchanged),
+        count(|c| c.rows_deleted),
+        count(|c| c.rows_rejected),
+        count(|c| c.rows_superseded),
+        finished,
+        note
+    );
 }
 
 /// What `status` says when no line matched.
