@@ -250,9 +250,16 @@ fn continuation(input: &PageInput, doc: Option<&Value>) -> Result<Continuation, 
     }
 }
 
-/// Puts the page number into a parse error's location.
+/// Puts the page number into a parse, validation or drift error's location.
 fn at_page(err: Error, page: u64) -> Error {
     match err {
+        Error::SourceDrift {
+            mut location,
+            message,
+        } => {
+            location.page = Some(page);
+            Error::SourceDrift { location, message }
+        }
         Error::Parse {
             mut location,
             message,
