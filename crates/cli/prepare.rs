@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use tidemark_core::{Error, Origin, Period, Pipeline, RawRecord, Row};
+use tidemark_core::{Error, Location, Origin, Period, Pipeline, RawRecord, Row};
 use tidemark_extract::{Checkpoint, SourceReader};
 use tidemark_load::Reject;
-use tidemark_transform::Transformer;
+use tidemark_transform::{Presence, Transformer};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
@@ -74,8 +74,10 @@ fn prepare(transformer: &Transformer, records: Vec<RawRecord>, checkpoint: Check
     let read = records.len() as u64;
     let mut rows = Vec::with_capacity(records.len());
     let mut rejects = Vec::new();
+    let mut presence = transformer.presence();
+    let span = batch_span(&records);
     for record in records {
-        match transformer.transform(&record) {
+        match transformer.transform_noting(&record, &mut presence) {
             Ok(row) => rows.push((row, record.origin)),
             Err(error) => {
                 let reject = reject_of(&error, &record);
@@ -83,12 +85,44 @@ fn prepare(transformer: &Transformer, records: Vec<RawRecord>, checkpoint: Check
             }
         }
     }
+    warn_absent(transformer, &presence, span);
     Prepared {
         checkpoint,
         read,
         rows,
         rejects,
     }
+}
+
+/// Where a batch's first and last records came from.
+fn batch_span(records: &[RawRecord]) -> Option<(Location, Location)> {
+    Some((
+        records.first()?.origin.location(),
+        records.last()?.origin.location(),
+    ))
+}
+
+/// Drift in JSON and NDJSON, where an absent field is normal: one warning
+/// per batch naming the fields no record of it held (the run's span names
+/// pipeline, source and period).
+fn warn_absent(
+    transformer: &Transformer,
+    presence: &Presence,
+    span: Option<(Location, Location)>,
+) {
+    let absent = transformer.absent_fields(presence);
+    let Some((first, last)) = span.filter(|_| !absent.is_empty()) else {
+        return;
+    };
+    let fields: Vec<String> = absent.iter().map(|f| format!("`{f}`")).collect();
+    tracing::warn!(
+        fields = %absent.join(","),
+        first = %first,
+        last = %last,
+        "{} absent from every record of the batch {first} .. {last}: renamed or removed upstream? \
+         (they load as NULL or their default)",
+        fields.join(", ")
+    );
 }
 
 fn reject_of(error: &Error, record: &RawRecord) -> Reject {
