@@ -112,11 +112,16 @@ async fn renamed_csv_column_fails_with_contract_and_keeps_the_period(backend: Ba
         "pipelines/data/2024-01-01/a.csv",
         "id,amount_eur,comment\n1,9.99,changed\n2,2.50,y\n",
     );
-    env.edit_pipeline("shop", |t| t.replace("from = \"remark\"", "from = \"comment\""));
+    env.edit_pipeline("shop", |t| {
+        t.replace("from = \"remark\"", "from = \"comment\"")
+    });
     env.tidemark(&["run", "shop", "--period", DAY, "--force"])
         .expect_code(0, "repaired");
     let after = rows(&env, "shop").await;
-    assert_eq!(after[0][1].as_deref().map(crate::support::norm_decimal), Some("9.99".into()));
+    assert_eq!(
+        after[0][1].as_deref().map(crate::support::norm_decimal),
+        Some("9.99".into())
+    );
     assert_eq!(after[0][2].as_deref(), Some("changed"));
 }
 

@@ -409,7 +409,12 @@ impl State {
         };
         for file in &self.files {
             if is_regular(&file.path) {
-                CsvCursor::open(file.open()?, Arc::clone(&file.name), Arc::clone(rules), Xxh3::new())?;
+                CsvCursor::open(
+                    file.open()?,
+                    Arc::clone(&file.name),
+                    Arc::clone(rules),
+                    Xxh3::new(),
+                )?;
             }
         }
         Ok(())

@@ -205,9 +205,7 @@ impl Transformer {
         self.columns
             .iter()
             .zip(&presence.held)
-            .filter(|(c, held)| {
-                !**held && !c.required && matches!(c.lookup, Lookup::Field(_))
-            })
+            .filter(|(c, held)| !**held && !c.required && matches!(c.lookup, Lookup::Field(_)))
             .map(|(c, _)| c.name.as_str())
             .collect()
     }

@@ -579,8 +579,7 @@ fn fields_absent_from_every_json_record_of_a_batch_are_named() {
         json!({"id": 1, "note": null}),
         json!({"id": 2, "a": {"b": "y"}}),
         json!({"note": "no id"}),
-    ]
-    {
+    ] {
         let _ = t.transform_noting(&json_record(record), &mut presence);
     }
     // `note` is held (null counts), `nested` by one record; `region` has a

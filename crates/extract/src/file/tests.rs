@@ -790,11 +790,7 @@ async fn reads_a_fifo_without_stalling_the_runtime() {
 #[tokio::test]
 async fn a_csv_header_lacking_a_read_column_is_drift_before_any_record() {
     let dir = tempfile::tempdir().unwrap();
-    let p = pipeline(
-        dir.path(),
-        "format = \"csv\"\npath = \"in/*.csv\"",
-        100,
-    );
+    let p = pipeline(dir.path(), "format = \"csv\"\npath = \"in/*.csv\"", 100);
     // The second file of the glob lost `id`: the period fails at open,
     // before the first file's rows are handed out.
     write(&dir.path().join("in/a.csv"), "id,x\n1,a\n");
