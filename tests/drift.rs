@@ -157,8 +157,8 @@ async fn ndjson_batch_lacking_a_field_in_every_record_warns_and_runs(backend: Ba
     for part in [
         "WARN",
         "`note`",
-        "2024-01-01.ndjson row 1",
-        "2024-01-01.ndjson row 2",
+        "first=pipelines/data/2024-01-01.ndjson row 1",
+        "last=pipelines/data/2024-01-01.ndjson row 2",
         "source=src",
         "pipeline=feed",
     ] {

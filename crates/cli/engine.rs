@@ -381,11 +381,11 @@ impl Job {
             _ => String::new(),
         };
         Err(Error::Incomplete(format!(
-            "{}: source {} declared {expected} records{declared} but {read} were read: \
+            "source {} declared {expected} records{declared} but {read} were read: \
              the crawl is incomplete (a page missing or cut short, or records added or removed upstream during it); \
              nothing was reconciled and the period is not done; the rows written so far stay. \
              Run the period again once the source answers consistently",
-            self.key, self.source_id
+            self.source_id
         )))
     }
 

@@ -159,8 +159,8 @@ fn warn_absent(transformer: &Transformer, presence: &Presence, span: Option<(Loc
         fields = %absent.join(","),
         first = %first,
         last = %last,
-        "{} absent from every record of the batch {first} .. {last}: renamed or removed upstream? \
-         (they load as NULL or their default)",
+        "{} absent from every record of the batch (first..last): renamed or removed upstream? \
+         They load as NULL or their default",
         fields.join(", ")
     );
 }
