@@ -7,7 +7,7 @@
 mod files;
 mod http;
 mod secrets;
-mod server;
+pub mod server;
 
 use std::io::Read;
 use std::path::Path;

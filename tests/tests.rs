@@ -6,6 +6,7 @@ mod support;
 mod commands;
 mod connections;
 mod coordination;
+mod drift;
 mod foundation;
 mod guards;
 mod hardening_extract;

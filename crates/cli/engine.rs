@@ -14,7 +14,7 @@ use tidemark_load::{
 };
 use tidemark_transform::Transformer;
 
-use crate::prepare::{self, Prepared};
+use crate::prepare::{self, Batches};
 use crate::shutdown::Shutdown;
 use tracing::Instrument;
 
@@ -300,15 +300,21 @@ impl Job {
             // A first batch shorter than a full one usually means the source
             // ended: then it commits with the reconciliation and `done`, one
             // transaction for the whole period.
+            // An incomplete period takes the usual path instead: its batch
+            // is committed, then the completeness check fails the run.
             let short = batch.read < pipeline.spec.load.batch_size as u64;
             if writer.batches() == 0 && short {
                 match batches.recv().await {
-                    None => {
+                    None if self
+                        .check_complete(&mut writer, batches.expected(), batch.read)
+                        .is_ok() =>
+                    {
                         let last = (&rows[..], &rejects[..], batch.read, &batch.checkpoint);
                         let result = finish_one(&mut writer, last, &reconcile, &mut backoff).await;
                         *counts = writer.counts();
                         return result.map(Ended::Done);
                     }
+                    None => {}
                     Some(next) => pending = Some(next),
                 }
             }
@@ -332,9 +338,55 @@ impl Job {
             );
             committed = Some(batch.checkpoint);
         }
+        // Before anything is reconciled or the period is done.
+        let checked = self.check_complete(&mut writer, batches.expected(), 0);
+        *counts = writer.counts();
+        checked?;
         finish(&mut writer, &reconcile, &mut backoff)
             .await
             .map(Ended::Done)
+    }
+
+    /// Completeness (`expect_count`): the rows read for the period, with
+    /// `uncommitted` of a batch not yet written, must be the total the
+    /// source declared. Records the declared total with the run's counts
+    /// either way. A mismatch is [`Error::Incomplete`]: the caller then
+    /// neither reconciles nor marks the period done, and the batches
+    /// committed so far stay (they are rows the source did return).
+    fn check_complete(
+        &self,
+        writer: &mut RunWriter,
+        expected: Option<u64>,
+        uncommitted: u64,
+    ) -> Result<(), Error> {
+        let Some(expected) = expected else {
+            return Ok(());
+        };
+        writer.expect_rows(expected);
+        let read = writer.counts().rows_read + uncommitted;
+        if read == expected {
+            tracing::debug!(
+                rows_read = read,
+                rows_expected = expected,
+                "complete: the rows read match the declared total"
+            );
+            return Ok(());
+        }
+        let declared = match self.pipeline.source(&self.source_id) {
+            Some(tidemark_core::spec::SourceSpec::Http(spec)) => {
+                spec.expect_count.as_ref().map_or_else(String::new, |e| {
+                    format!(" ({} of the last page)", e.describe())
+                })
+            }
+            _ => String::new(),
+        };
+        Err(Error::Incomplete(format!(
+            "source {} declared {expected} records{declared} but {read} were read: \
+             the crawl is incomplete (a page missing or cut short, or records added or removed upstream during it); \
+             nothing was reconciled and the period is not done; the rows written so far stay. \
+             Run the period again once the source answers consistently",
+            self.source_id
+        )))
     }
 
     /// Starts the run's writer (it reads the run key's stored rows), with
@@ -355,11 +407,7 @@ impl Job {
         .await
     }
 
-    fn produce(
-        &self,
-        resume: Option<Checkpoint>,
-        transformer: &Arc<Transformer>,
-    ) -> tokio::sync::mpsc::Receiver<Result<Prepared, Error>> {
+    fn produce(&self, resume: Option<Checkpoint>, transformer: &Arc<Transformer>) -> Batches {
         prepare::spawn(
             Arc::clone(&self.pipeline),
             self.source_id.clone(),

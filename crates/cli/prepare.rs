@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use tidemark_core::{Error, Origin, Period, Pipeline, RawRecord, Row};
+use tidemark_core::{Error, Location, Origin, Period, Pipeline, RawRecord, Row};
 use tidemark_extract::{Checkpoint, SourceReader};
 use tidemark_load::Reject;
-use tidemark_transform::Transformer;
+use tidemark_transform::{Presence, Transformer};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
@@ -23,26 +23,68 @@ pub struct Prepared {
     pub rejects: Vec<(Error, Reject)>,
 }
 
-/// Reads and types batches from `resume` on; the receiver yields them in
-/// order, then closes. A failure is sent as the last item.
+/// What the reading task sends: a batch (or the failure that ends it), or
+/// the end of the source with the total it declared.
+enum Item {
+    Batch(Result<Prepared, Error>),
+    End { expected: Option<u64> },
+}
+
+type Sender = mpsc::Sender<Item>;
+
+/// The batches of one reading task, in order.
+pub struct Batches {
+    rx: mpsc::Receiver<Item>,
+    expected: Option<u64>,
+    exhausted: bool,
+}
+
+impl Batches {
+    /// The next batch; `None` once the source is exhausted (or the task
+    /// stopped).
+    pub async fn recv(&mut self) -> Option<Result<Prepared, Error>> {
+        match self.rx.recv().await? {
+            Item::Batch(batch) => Some(batch),
+            Item::End { expected } => {
+                self.expected = expected;
+                self.exhausted = true;
+                None
+            }
+        }
+    }
+
+    /// The number of records the source declared for the period
+    /// (`expect_count`), once [`Batches::recv`] returned `None` because the
+    /// source was read to its end.
+    pub fn expected(&self) -> Option<u64> {
+        self.expected.filter(|_| self.exhausted)
+    }
+}
+
+/// Reads and types batches from `resume` on; they arrive in order, then the
+/// end of the source. A failure is sent as the last item.
 pub fn spawn(
     pipeline: Arc<Pipeline>,
     source_id: String,
     period: Period,
     resume: Option<Checkpoint>,
     transformer: Arc<Transformer>,
-) -> mpsc::Receiver<Result<Prepared, Error>> {
+) -> Batches {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(
         async move {
             if let Err(e) = produce(&pipeline, &source_id, &period, resume, &transformer, &tx).await
             {
-                let _ = tx.send(Err(e)).await;
+                let _ = tx.send(Item::Batch(Err(e))).await;
             }
         }
         .in_current_span(),
     );
-    rx
+    Batches {
+        rx,
+        expected: None,
+        exhausted: false,
+    }
 }
 
 async fn produce(
@@ -51,7 +93,7 @@ async fn produce(
     period: &Period,
     resume: Option<Checkpoint>,
     transformer: &Transformer,
-    tx: &mpsc::Sender<Result<Prepared, Error>>,
+    tx: &Sender,
 ) -> Result<(), Error> {
     let source = pipeline.source(source_id).ok_or_else(|| {
         Error::config(
@@ -63,10 +105,12 @@ async fn produce(
     let mut reader = SourceReader::open(pipeline, source, period, resume.as_ref()).await?;
     while let Some(batch) = reader.next_batch().await? {
         let prepared = prepare(transformer, batch.records, batch.checkpoint);
-        if tx.send(Ok(prepared)).await.is_err() {
+        if tx.send(Item::Batch(Ok(prepared))).await.is_err() {
             return Ok(()); // the run stopped listening (it failed)
         }
     }
+    let expected = reader.expected_count();
+    let _ = tx.send(Item::End { expected }).await;
     Ok(())
 }
 
@@ -74,8 +118,10 @@ fn prepare(transformer: &Transformer, records: Vec<RawRecord>, checkpoint: Check
     let read = records.len() as u64;
     let mut rows = Vec::with_capacity(records.len());
     let mut rejects = Vec::new();
+    let mut presence = transformer.presence();
+    let span = batch_span(&records);
     for record in records {
-        match transformer.transform(&record) {
+        match transformer.transform_noting(&record, &mut presence) {
             Ok(row) => rows.push((row, record.origin)),
             Err(error) => {
                 let reject = reject_of(&error, &record);
@@ -83,12 +129,40 @@ fn prepare(transformer: &Transformer, records: Vec<RawRecord>, checkpoint: Check
             }
         }
     }
+    warn_absent(transformer, &presence, span);
     Prepared {
         checkpoint,
         read,
         rows,
         rejects,
     }
+}
+
+/// Where a batch's first and last records came from.
+fn batch_span(records: &[RawRecord]) -> Option<(Location, Location)> {
+    Some((
+        records.first()?.origin.location(),
+        records.last()?.origin.location(),
+    ))
+}
+
+/// Drift in JSON and NDJSON, where an absent field is normal: one warning
+/// per batch naming the fields no record of it held (the run's span names
+/// pipeline, source and period).
+fn warn_absent(transformer: &Transformer, presence: &Presence, span: Option<(Location, Location)>) {
+    let absent = transformer.absent_fields(presence);
+    let Some((first, last)) = span.filter(|_| !absent.is_empty()) else {
+        return;
+    };
+    let fields: Vec<String> = absent.iter().map(|f| format!("`{f}`")).collect();
+    tracing::warn!(
+        fields = %absent.join(","),
+        first = %first,
+        last = %last,
+        "{} absent from every record of the batch (first..last): renamed or removed upstream? \
+         They load as NULL or their default",
+        fields.join(", ")
+    );
 }
 
 fn reject_of(error: &Error, record: &RawRecord) -> Reject {

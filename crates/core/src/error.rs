@@ -29,6 +29,9 @@ pub enum ErrorClass {
     Source,
     /// The database failed.
     Database,
+    /// The source returned another number of records than it declared
+    /// (`expect_count`): the period is not complete, so it is not done.
+    Incomplete,
 }
 
 impl ErrorClass {
@@ -42,6 +45,7 @@ impl ErrorClass {
             ErrorClass::Config => "config",
             ErrorClass::Source => "source",
             ErrorClass::Database => "database",
+            ErrorClass::Incomplete => "incomplete",
         }
     }
 }
@@ -138,6 +142,22 @@ pub enum Error {
         /// The contradiction, naming the columns.
         message: String,
     },
+    /// The source no longer has the shape the pipeline reads: a CSV header
+    /// lacks a column that `[fields]` reads (renamed or removed upstream).
+    /// A contract error: reading on would turn that column into NULL over
+    /// good data.
+    #[error("{location}: {message}")]
+    SourceDrift {
+        /// The file or (redacted) URL, and page, whose header is at fault.
+        location: Location,
+        /// The missing columns, the fields reading them, the header found.
+        message: String,
+    },
+    /// The source returned another number of records than it declared
+    /// (`expect_count`). Permanent: the crawl ended normally, so trying it
+    /// again at once would most likely meet the same answer.
+    #[error("{0}")]
+    Incomplete(String),
     /// A safety rail refused the work.
     #[error("{0}")]
     Invariant(String),
@@ -188,7 +208,8 @@ impl Error {
             Error::Config { .. } => ErrorClass::Config,
             Error::Validation { .. } => ErrorClass::Validation,
             Error::Parse { .. } => ErrorClass::Parse,
-            Error::Contract { .. } => ErrorClass::Contract,
+            Error::Contract { .. } | Error::SourceDrift { .. } => ErrorClass::Contract,
+            Error::Incomplete(_) => ErrorClass::Incomplete,
             Error::Invariant(_) | Error::StaleCheckpoint(_) | Error::LeaseLost(_) => {
                 ErrorClass::Invariant
             }

@@ -177,6 +177,34 @@ pub struct HttpSourceSpec {
     /// that pages forever in a way the repeat checks cannot see.
     #[serde(default = "default_max_pages")]
     pub max_pages: u64,
+    /// Where the source declares how many records the period has
+    /// (`{ header = "X-Total-Count" }` or `{ pointer = "/meta/total" }`):
+    /// a period whose rows read differ from it fails as `incomplete`.
+    #[serde(default)]
+    pub expect_count: Option<ExpectCount>,
+}
+
+/// `expect_count`: exactly one of `header` or `pointer` (validated).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectCount {
+    /// A response header holding the total (`X-Total-Count`).
+    #[serde(default)]
+    pub header: Option<String>,
+    /// An RFC 6901 JSON pointer into a JSON page to the total (`/meta/total`).
+    #[serde(default)]
+    pub pointer: Option<String>,
+}
+
+impl ExpectCount {
+    /// How it reads, for messages: `header X-Total-Count`, `pointer /meta/total`.
+    pub fn describe(&self) -> String {
+        match (&self.header, &self.pointer) {
+            (Some(h), _) => format!("header {h}"),
+            (None, Some(p)) => format!("pointer {p}"),
+            (None, None) => "nothing".to_string(),
+        }
+    }
 }
 
 /// Generous: a page this large is still one allocation a machine survives,
@@ -907,6 +935,9 @@ impl Checker<'_> {
                         }
                     }
                     self.http_limits(&at, h)?;
+                    if let Some(expect) = &h.expect_count {
+                        self.expect_count(&at("expect_count"), h.format, expect)?;
+                    }
                 }
             }
         }
@@ -923,6 +954,42 @@ impl Checker<'_> {
             return Err(self.err(at("max_pages"), "must be at least 1"));
         }
         Ok(())
+    }
+
+    /// `expect_count`: exactly one of `header` (a header name) or
+    /// `pointer` (a JSON pointer, for JSON pages only).
+    fn expect_count(&self, key: &str, format: Format, expect: &ExpectCount) -> Result<(), Error> {
+        match (&expect.header, &expect.pointer) {
+            (Some(header), None) => {
+                let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+                if header.is_empty() || !header.chars().all(token) {
+                    return Err(self.err(
+                        format!("{key}.header"),
+                        format!("{header:?} is not an HTTP header name"),
+                    ));
+                }
+                Ok(())
+            }
+            (None, Some(pointer)) => {
+                if !pointer.starts_with('/') {
+                    return Err(self.err(
+                        format!("{key}.pointer"),
+                        format!("{pointer:?} is not a JSON pointer (RFC 6901): it must start with /, such as \"/meta/total\""),
+                    ));
+                }
+                if format != Format::Json {
+                    return Err(self.err(
+                        format!("{key}.pointer"),
+                        "a pointer reads a JSON page: it needs format = \"json\" (use `header` for other formats)",
+                    ));
+                }
+                Ok(())
+            }
+            _ => Err(self.err(
+                key,
+                "give exactly one of `header` (\"X-Total-Count\") or `pointer` (\"/meta/total\")",
+            )),
+        }
     }
 
     fn records_pointer(
@@ -1370,6 +1437,75 @@ url = "http://127.0.0.1:1/orders"
         assert_eq!(key, "sources[0].max_pages");
         let (_, message) = config_err(&http("max_page_bytes = \"lots\""));
         assert!(message.contains("lots"), "{message}");
+    }
+
+    #[test]
+    fn expect_count_is_one_header_or_one_json_pointer() {
+        let http = |format: &str, extra: &str| {
+            GOOD.replace(
+                "transport = \"file\"\nformat = \"csv\"\npath = \"exports/{period.start:%Y/%m/%d}/orders*.csv\"",
+                &format!("transport = \"http\"\nformat = \"{format}\"\nurl = \"http://127.0.0.1:9/o\"\n{extra}"),
+            )
+        };
+        let expect = |text: &str| match &parse(text).unwrap().spec.sources[0] {
+            SourceSpec::Http(h) => h.expect_count.as_ref().map(ExpectCount::describe),
+            SourceSpec::File(_) => panic!("expected an HTTP source"),
+        };
+        assert_eq!(expect(&http("json", "")), None);
+        assert_eq!(
+            expect(&http(
+                "csv",
+                "expect_count = { header = \"X-Total-Count\" }"
+            ))
+            .as_deref(),
+            Some("header X-Total-Count")
+        );
+        assert_eq!(
+            expect(&http(
+                "json",
+                "expect_count = { pointer = \"/meta/total\" }"
+            ))
+            .as_deref(),
+            Some("pointer /meta/total")
+        );
+        for (extra, format, key, says) in [
+            (
+                "expect_count = {}",
+                "json",
+                "sources[0].expect_count",
+                "exactly one",
+            ),
+            (
+                "expect_count = { header = \"X-Total\", pointer = \"/total\" }",
+                "json",
+                "sources[0].expect_count",
+                "exactly one",
+            ),
+            (
+                "expect_count = { header = \"X Total\" }",
+                "json",
+                "sources[0].expect_count.header",
+                "not an HTTP header name",
+            ),
+            (
+                "expect_count = { pointer = \"meta.total\" }",
+                "json",
+                "sources[0].expect_count.pointer",
+                "not a JSON pointer",
+            ),
+            (
+                "expect_count = { pointer = \"/total\" }",
+                "ndjson",
+                "sources[0].expect_count.pointer",
+                "format = \"json\"",
+            ),
+        ] {
+            let (got, message) = config_err(&http(format, extra));
+            assert_eq!(got, key, "{extra}: {message}");
+            assert!(message.contains(says), "{extra}: {message}");
+        }
+        let (_, message) = config_err(&http("json", "expect_count = { total = 5 }"));
+        assert!(message.contains("total"), "{message}");
     }
 
     #[test]

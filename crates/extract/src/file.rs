@@ -110,6 +110,9 @@ impl FileReader {
             file_had_records: false,
             closed: None,
         });
+        let (back, checked) = with_state(state, State::check_headers).await?;
+        checked?;
+        state = back;
         if let Some(resume) = resume {
             let position = Position::from_checkpoint(resume, &state.files)?;
             debug!(source = %spec.id, file_index = position.file_index, records = position.records, "resuming");
@@ -263,6 +266,11 @@ fn is_readable_kind(kind: &std::fs::FileType) -> bool {
     }
 }
 
+/// Whether `path` is a regular file (not a FIFO), which can be read twice.
+fn is_regular(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file())
+}
+
 /// One matched file and its name as shown in origins, errors and checkpoints.
 #[derive(Debug)]
 struct SourceFile {
@@ -390,6 +398,28 @@ struct State {
 }
 
 impl State {
+    /// Reads the header of every regular CSV file before any record is
+    /// handed out, so a column missing from the third file of a glob
+    /// (source drift) fails the period before the first file's rows are
+    /// written. A FIFO cannot be read twice: its header is checked when it
+    /// is opened for its records, like an HTTP page's.
+    fn check_headers(&mut self) -> Result<(), Error> {
+        let Decoder::Csv(rules) = &self.decoder else {
+            return Ok(());
+        };
+        for file in &self.files {
+            if is_regular(&file.path) {
+                CsvCursor::open(
+                    file.open()?,
+                    Arc::clone(&file.name),
+                    Arc::clone(rules),
+                    Xxh3::new(),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
     /// Fills one batch. Stops as soon as it is full, so the next file is not
     /// opened (and a FIFO's writer not waited for) before it is needed.
     fn read_batch(&mut self) -> Result<Option<Batch>, Error> {

@@ -40,7 +40,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tidemark_core::spec::{Format, HttpSourceSpec, Pagination};
+use tidemark_core::spec::{ExpectCount, Format, HttpSourceSpec, Pagination};
 use tidemark_core::{Error, Period, Pipeline, RawData, RawRecord};
 use tracing::{debug, warn};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
@@ -125,6 +125,8 @@ impl HttpReader {
             page: None,
             requested: HashMap::new(),
             bodies: HashMap::new(),
+            expect_count: spec.expect_count.clone(),
+            total: None,
             fetcher,
         });
         if let Some(resume) = resume {
@@ -163,6 +165,14 @@ impl HttpReader {
             Err(err) => self.failed = Some(err.clone()),
         }
         result
+    }
+
+    /// The total of records the source declared for the period
+    /// (`expect_count`), as the latest page read said; `None` when the
+    /// source declares none. Final once [`HttpReader::next_batch`] returned
+    /// `None`.
+    pub fn expected_count(&self) -> Option<u64> {
+        self.state.as_ref()?.total.map(|d| d.total)
     }
 
     /// Fetches the first page of `period` (with the usual retries) and
@@ -238,6 +248,18 @@ struct State {
     requested: HashMap<PageRequest, u64>,
     /// The hash of every body fetched in this attempt, and its page.
     bodies: HashMap<u64, u64>,
+    /// Where pages declare the period's total, if the source says.
+    expect_count: Option<ExpectCount>,
+    /// The total the latest page declared (kept in checkpoints, so a
+    /// resumed attempt still knows it), and that page's number.
+    total: Option<Declared>,
+}
+
+/// A total of records declared by a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Declared {
+    total: u64,
+    page: u64,
 }
 
 impl State {
@@ -316,6 +338,7 @@ impl State {
         let url = fetcher.url(&at.request)?;
         let shown: Arc<str> = Arc::from(fetcher.show(&at.request)?);
         let (url_ref, shown_ref, at_ref, decoder) = (&url, &shown, &at, &self.decoder);
+        let expect_count = self.expect_count.as_ref();
         let (decoded, body_hash) = fetcher
             .with_retries(&shown, at.number, || async move {
                 let fetched = fetcher.get(url_ref, shown_ref).await?;
@@ -329,6 +352,11 @@ impl State {
                         .map(|u| fetcher.secrets().seal(u.as_str())),
                     no_content: fetched.status == reqwest::StatusCode::NO_CONTENT,
                     content_type: fetched.content_type,
+                    expect_count: expect_count.cloned(),
+                    total_header: expect_count
+                        .and_then(|e| e.header.as_deref())
+                        .and_then(|h| fetched.headers.get(h))
+                        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
                 };
                 let decoder = decoder.clone();
                 let body = fetched.body;
@@ -349,6 +377,9 @@ impl State {
             )));
         }
         self.requested.insert(at.request.clone(), at.number);
+        if let Some(total) = decoded.total {
+            self.declare(total, at.number, &shown);
+        }
         Ok(Box::new(OpenPage {
             at,
             resource: shown,
@@ -362,9 +393,30 @@ impl State {
         }))
     }
 
+    /// Notes the total page `page` declares. A total that changed during
+    /// the crawl (records added or removed upstream meanwhile) is logged;
+    /// the latest page's total is the one the period is held to.
+    fn declare(&mut self, total: u64, page: u64, shown: &str) {
+        if let Some(earlier) = self.total.filter(|d| d.total != total) {
+            warn!(
+                url = %shown,
+                page,
+                earlier = earlier.total,
+                earlier_page = earlier.page,
+                total,
+                "the source's declared total changed during the crawl, from {} (page {}) to {total} (page {page}); \
+                 the last page's total is the one the rows read must match",
+                earlier.total,
+                earlier.page
+            );
+        }
+        self.total = Some(Declared { total, page });
+    }
+
     /// Positions the reader just after `checkpoint`.
     async fn resume(&mut self, checkpoint: &Checkpoint) -> Result<(), Error> {
         let cp = HttpCheckpoint::read(checkpoint, self.fetcher.pagination())?;
+        self.total = cp.total;
         let Some(at) = cp.page else {
             debug!("resuming after the last page: nothing left to fetch");
             self.next = None;
@@ -413,6 +465,9 @@ impl State {
         if let Some(digest) = digest {
             cp["digest"] = Value::String(format!("{digest:016x}"));
         }
+        if let Some(total) = self.total {
+            cp["total"] = serde_json::to_value(total).unwrap_or_default();
+        }
         cp
     }
 }
@@ -446,6 +501,9 @@ struct HttpCheckpoint {
     digest: Option<u64>,
     #[serde(default)]
     done: bool,
+    /// The total the pages read so far declared (`expect_count`).
+    #[serde(default)]
+    total: Option<Declared>,
 }
 
 fn hex_digest<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {

@@ -87,6 +87,17 @@ impl SourceReader {
         }
     }
 
+    /// The number of records the source declared for the period
+    /// (`expect_count` on an HTTP source), once the source is exhausted;
+    /// `None` when it declares none. The runner compares it with the rows
+    /// read before it reconciles or marks the period done.
+    pub fn expected_count(&self) -> Option<u64> {
+        match self {
+            SourceReader::File(_) => None,
+            SourceReader::Http(reader) => reader.expected_count(),
+        }
+    }
+
     /// The next batch, or `None` when the source is exhausted.
     pub async fn next_batch(&mut self) -> Result<Option<Batch>, Error> {
         match self {

@@ -235,6 +235,13 @@ impl RunWriter {
         self.counts
     }
 
+    /// Records the total the source declared for the period
+    /// (`expect_count`), written with the counts from now on: in the
+    /// result and the ledger of a done run, and of a failed one.
+    pub fn expect_rows(&mut self, expected: u64) {
+        self.counts.rows_expected = Some(expected);
+    }
+
     /// The row hash the run key held for this key when the attempt started
     /// (or `None`, also once this run has rewritten a row it keeps in a
     /// file): what an incoming row is compared with to skip it unwritten.

@@ -168,6 +168,49 @@ impl Transformer {
     /// Types one raw record. A row the reader could not decode fails with
     /// the reader's error, so it is rejected like any invalid row.
     pub fn transform(&self, record: &RawRecord) -> Result<Row, Error> {
+        self.typed(record, None)
+    }
+
+    /// An empty [`Presence`] for one batch.
+    pub fn presence(&self) -> Presence {
+        Presence {
+            held: vec![false; self.columns.len()],
+            json_records: 0,
+        }
+    }
+
+    /// [`Transformer::transform`], noting in `presence` which fields a JSON
+    /// record holds. The lookup is the one typing does, so noting costs a
+    /// flag per cell.
+    pub fn transform_noting(
+        &self,
+        record: &RawRecord,
+        presence: &mut Presence,
+    ) -> Result<Row, Error> {
+        if !matches!(record.data, RawData::Json(_)) {
+            return self.typed(record, None);
+        }
+        presence.json_records += 1;
+        self.typed(record, Some(&mut presence.held))
+    }
+
+    /// The fields no JSON record of a batch held, among those that read the
+    /// input and are not `required` (a missing required field fails its
+    /// record already). Empty when the batch had no JSON record: a CSV
+    /// header is checked whole instead (source drift is an error there).
+    pub fn absent_fields(&self, presence: &Presence) -> Vec<&str> {
+        if presence.json_records == 0 {
+            return Vec::new();
+        }
+        self.columns
+            .iter()
+            .zip(&presence.held)
+            .filter(|(c, held)| !**held && !c.required && matches!(c.lookup, Lookup::Field(_)))
+            .map(|(c, _)| c.name.as_str())
+            .collect()
+    }
+
+    fn typed(&self, record: &RawRecord, mut held: Option<&mut Vec<bool>>) -> Result<Row, Error> {
         if let Some(error) = record.decode_error() {
             return Err(error.clone());
         }
@@ -175,7 +218,11 @@ impl Transformer {
         let values = self
             .columns
             .iter()
-            .map(|column| column_value(column, record, from_csv))
+            .enumerate()
+            .map(|(i, column)| {
+                let flag = held.as_deref_mut().and_then(|h| h.get_mut(i));
+                column_value(column, record, from_csv, flag)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         for &i in &self.key_indices {
             if !matches!(values.get(i), Some(v) if !v.is_null()) {
@@ -187,13 +234,32 @@ impl Transformer {
     }
 }
 
-/// Reads and types one column of one record.
-fn column_value(column: &Column, record: &RawRecord, from_csv: bool) -> Result<Value, Error> {
+/// Which fields the JSON records of one batch held: in JSON and NDJSON an
+/// absent field is normal, so a field renamed upstream shows only as a
+/// field that no record of a batch has (see [`Transformer::absent_fields`]).
+#[derive(Debug, Clone)]
+pub struct Presence {
+    /// Per column: some record held the field (even as `null`).
+    held: Vec<bool>,
+    json_records: u64,
+}
+
+/// Reads and types one column of one record, setting `held` when the
+/// record has the field.
+fn column_value(
+    column: &Column,
+    record: &RawRecord,
+    from_csv: bool,
+    held: Option<&mut bool>,
+) -> Result<Value, Error> {
     let selector = match &column.lookup {
         Lookup::Constant(value) => return Ok(value.clone()),
         Lookup::Field(selector) => selector,
     };
     let found = record.get(selector);
+    if let Some(held) = held {
+        *held |= !matches!(found, RawValue::Missing);
+    }
     let raw = match found {
         RawValue::Missing | RawValue::Str("") | RawValue::Json(serde_json::Value::Null) => {
             return column

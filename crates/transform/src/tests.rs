@@ -561,3 +561,32 @@ fn never_panics_on_odd_input() {
         .transform(&json_record(json!(["not", "an", "object"])))
         .is_err());
 }
+
+#[test]
+fn fields_absent_from_every_json_record_of_a_batch_are_named() {
+    let t = transformer(
+        "id = { type = \"int\", required = true }\n\
+         note = { type = \"text\" }\n\
+         region = { type = \"text\", default = \"eu\" }\n\
+         nested = { type = \"text\", from = \"/a/b\" }\n\
+         fixed = { type = \"text\", value = \"x\" }",
+        "[\"id\"]",
+    )
+    .expect("transformer");
+    let mut presence = t.presence();
+    assert!(t.absent_fields(&presence).is_empty(), "no record: no claim");
+    for record in [
+        json!({"id": 1, "note": null}),
+        json!({"id": 2, "a": {"b": "y"}}),
+        json!({"note": "no id"}),
+    ] {
+        let _ = t.transform_noting(&json_record(record), &mut presence);
+    }
+    // `note` is held (null counts), `nested` by one record; `region` has a
+    // default but is still named; `id` is required, `fixed` reads nothing.
+    assert_eq!(t.absent_fields(&presence), ["region"]);
+    // CSV records are never counted: their header is checked instead.
+    let mut presence = t.presence();
+    let _ = t.transform_noting(&csv(&["id"], &["1"]), &mut presence);
+    assert!(t.absent_fields(&presence).is_empty());
+}

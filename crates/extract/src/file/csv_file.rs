@@ -17,6 +17,14 @@
 //! - Its last row is not cut: a row with fewer fields than the header that
 //!   ends the input without a line terminator is a cut file.
 //!
+//! - Its header names every column that `[fields]` reads (a field without
+//!   `value`; its column is `from` or the field name). A column missing
+//!   from the header is source drift (renamed or removed upstream), a
+//!   [`Error::SourceDrift`] of class `contract`, raised when the header is
+//!   read and before any record: read on, the column would become NULL
+//!   over good data. A field with a `default` is no exception: a default
+//!   stands in for an empty cell, not for a column that is gone.
+//!
 //! Those break the document: the period fails. A row with another number of
 //! fields than the header, or with invalid UTF-8, breaks only itself: it is
 //! handed on as a [`RawData::Malformed`] record with its raw text, and the
@@ -39,9 +47,9 @@ use super::{io_error, parse_error, show_bytes};
 pub(crate) struct CsvRules {
     /// The field delimiter.
     pub(crate) delimiter: u8,
-    /// The columns `[fields]` reads: a header naming one of them twice is
-    /// an error.
-    pub(crate) columns: Vec<String>,
+    /// The columns `[fields]` reads: the header must name each of them
+    /// exactly once.
+    pub(crate) columns: Vec<CsvColumn>,
     /// Whether an input without a header row (0 bytes) is an empty source
     /// rather than an error.
     pub(crate) allow_empty: bool,
@@ -57,7 +65,10 @@ impl CsvRules {
             .filter(|(_, field)| field.value.is_none())
             .map(|(name, field)| {
                 let from = field.from.as_deref().unwrap_or(name);
-                Selector::parse(from).csv_column().to_string()
+                CsvColumn {
+                    column: Selector::parse(from).csv_column().to_string(),
+                    field: name.clone(),
+                }
             })
             .collect();
         CsvRules {
@@ -66,6 +77,15 @@ impl CsvRules {
             allow_empty,
         }
     }
+}
+
+/// A column `[fields]` reads, and the field that reads it.
+#[derive(Debug, Clone)]
+pub(crate) struct CsvColumn {
+    /// The header's name for it.
+    pub(crate) column: String,
+    /// The `[fields]` entry.
+    pub(crate) field: String,
 }
 
 /// An open CSV file (or any other reader, such as an HTTP page's body).
@@ -131,6 +151,7 @@ impl<R: Read> CsvCursor<R> {
         cursor.check_closed()?;
         cursor.headers = Arc::new(cursor.header_names(header)?);
         cursor.check_duplicate_columns()?;
+        cursor.check_missing_columns()?;
         Ok(cursor)
     }
 
@@ -294,8 +315,48 @@ impl<R: Read> CsvCursor<R> {
         })
     }
 
+    /// Source drift: every column `[fields]` reads must be in the header
+    /// (see the module documentation).
+    fn check_missing_columns(&self) -> Result<(), Error> {
+        let missing: Vec<&CsvColumn> = self
+            .rules
+            .columns
+            .iter()
+            .filter(|c| !self.headers.iter().any(|h| h == c.column))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let named: Vec<String> = missing
+            .iter()
+            .map(|c| match c.field == c.column {
+                true => format!("`{}`", c.column),
+                false => format!("`{}` (fields.{}.from)", c.column, c.field),
+            })
+            .collect();
+        let found: Vec<String> = self.headers.iter().map(|h| format!("{h:?}")).collect();
+        let (noun, them) = match missing.len() {
+            1 => ("column", "it was"),
+            _ => ("columns", "they were"),
+        };
+        Err(Error::SourceDrift {
+            location: tidemark_core::Location {
+                resource: self.resource.to_string(),
+                page: None,
+                record: None,
+                line: Some(self.line()),
+            },
+            message: format!(
+                "source drift: the header lacks the {noun} {} that [fields] reads; the header is {}. \
+                 If {them} renamed upstream, point `from` at the new name; nothing of this period is written",
+                named.join(", "),
+                found.join(", ")
+            ),
+        })
+    }
+
     fn check_duplicate_columns(&self) -> Result<(), Error> {
-        for column in &self.rules.columns {
+        for CsvColumn { column, .. } in &self.rules.columns {
             let at: Vec<String> = self
                 .headers
                 .iter()

@@ -786,3 +786,24 @@ async fn reads_a_fifo_without_stalling_the_runtime() {
         "the runtime was stalled, or the reader waited for the whole file"
     );
 }
+
+#[tokio::test]
+async fn a_csv_header_lacking_a_read_column_is_drift_before_any_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pipeline(dir.path(), "format = \"csv\"\npath = \"in/*.csv\"", 100);
+    // The second file of the glob lost `id`: the period fails at open,
+    // before the first file's rows are handed out.
+    write(&dir.path().join("in/a.csv"), "id,x\n1,a\n");
+    write(&dir.path().join("in/b.csv"), "ident,x\n2,b\n");
+    let err = open(&p, None).await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Contract, "{err}");
+    let text = err.to_string();
+    assert!(text.contains("b.csv"), "{text}");
+    assert!(text.contains("lacks the column `id`"), "{text}");
+    assert!(text.contains("\"ident\", \"x\""), "{text}");
+    assert!(!err.is_transient());
+    // Renamed back: the same files read.
+    write(&dir.path().join("in/b.csv"), "x,id\nb,2\n");
+    let mut reader = open(&p, None).await.unwrap();
+    assert_eq!(ids(&read_all(&mut reader).await), ["1", "2"]);
+}

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde_json::error::Category;
 use serde_json::Value;
-use tidemark_core::spec::Pagination;
+use tidemark_core::spec::{ExpectCount, Pagination};
 use tidemark_core::{Error, Location, RawRecord};
 use xxhash_rust::xxh3::Xxh3;
 
@@ -45,10 +45,12 @@ pub(crate) enum Records {
     Empty,
 }
 
-/// A decoded page: its records and what comes after it.
+/// A decoded page: its records, what comes after it, and the total it
+/// declares (`expect_count`; `None` when not configured, or for `204`).
 pub(crate) struct Decoded {
     pub(crate) records: Records,
     pub(crate) continuation: Continuation,
+    pub(crate) total: Option<u64>,
 }
 
 /// What a page is decoded with.
@@ -64,6 +66,10 @@ pub(crate) struct PageInput {
     pub(crate) no_content: bool,
     /// The response's `Content-Type`.
     pub(crate) content_type: Option<String>,
+    /// Where the page declares the period's total, if the source says.
+    pub(crate) expect_count: Option<ExpectCount>,
+    /// The value of `expect_count.header` in the response, if sent.
+    pub(crate) total_header: Option<String>,
 }
 
 impl Decoder {
@@ -74,6 +80,7 @@ impl Decoder {
             return Ok(Decoded {
                 records: Records::Empty,
                 continuation: continuation(input, None)?,
+                total: None,
             });
         }
         let resource = Arc::clone(&input.resource);
@@ -82,11 +89,13 @@ impl Decoder {
                 let doc = parse_json(&body, input)?;
                 drop(body);
                 let continuation = continuation(input, Some(&doc))?;
+                let total = declared_total(input, Some(&doc))?;
                 let cursor = JsonCursor::from_document(doc, resource, pointer)
                     .map_err(|e| at_page(e, input.number))?;
                 return Ok(Decoded {
                     records: Records::Json(cursor),
                     continuation,
+                    total,
                 });
             }
             Decoder::Ndjson => {
@@ -108,7 +117,57 @@ impl Decoder {
         Ok(Decoded {
             records,
             continuation: continuation(input, None)?,
+            total: declared_total(input, None)?,
         })
+    }
+}
+
+/// The total of records the page declares for the period (`expect_count`):
+/// a header, or a JSON pointer into the page's document. A page that does
+/// not declare it, or declares something that is no count, is a permanent
+/// source error naming the header or pointer: without it the period's
+/// completeness cannot be told.
+fn declared_total(input: &PageInput, doc: Option<&Value>) -> Result<Option<u64>, Error> {
+    let Some(expect) = &input.expect_count else {
+        return Ok(None);
+    };
+    let fail = |why: String| {
+        Error::source_permanent(format!(
+            "{} page {}: {why} (expect_count)",
+            input.resource, input.number
+        ))
+    };
+    let (what, value) = match (&expect.header, &expect.pointer, doc) {
+        (Some(header), _, _) => match &input.total_header {
+            Some(text) => (format!("header {header}"), Value::String(text.clone())),
+            None => return Err(fail(format!("the response has no {header} header"))),
+        },
+        (None, Some(pointer), Some(doc)) => match doc.pointer(pointer) {
+            Some(value) => (format!("pointer {pointer}"), value.clone()),
+            None => {
+                return Err(fail(format!(
+                    "the document has nothing at pointer {pointer}"
+                )))
+            }
+        },
+        _ => {
+            return Err(fail(format!(
+                "{} cannot be read from this page",
+                expect.describe()
+            )))
+        }
+    };
+    count_of(&value)
+        .map(Some)
+        .ok_or_else(|| fail(format!("the {what} is {value}, not a count of records")))
+}
+
+/// A count: a non-negative JSON integer, or text holding one.
+pub(crate) fn count_of(value: &Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
     }
 }
 
@@ -250,9 +309,16 @@ fn continuation(input: &PageInput, doc: Option<&Value>) -> Result<Continuation, 
     }
 }
 
-/// Puts the page number into a parse error's location.
+/// Puts the page number into a parse, validation or drift error's location.
 fn at_page(err: Error, page: u64) -> Error {
     match err {
+        Error::SourceDrift {
+            mut location,
+            message,
+        } => {
+            location.page = Some(page);
+            Error::SourceDrift { location, message }
+        }
         Error::Parse {
             mut location,
             message,

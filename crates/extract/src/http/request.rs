@@ -75,6 +75,8 @@ pub(crate) struct Fetched {
     pub(crate) content_type: Option<String>,
     /// The `rel="next"` link, resolved against the response URL.
     pub(crate) next_link: Option<Url>,
+    /// The response's headers (`expect_count` may read one).
+    pub(crate) headers: HeaderMap,
 }
 
 impl Fetcher {
@@ -220,6 +222,7 @@ impl Fetcher {
             .headers()
             .get(CONTENT_TYPE)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let headers = response.headers().clone();
         let body = read_body(response, self.max_page_bytes)
             .await
             .map_err(|e| self.body_error(shown, e))?;
@@ -228,6 +231,7 @@ impl Fetcher {
             body,
             content_type,
             next_link,
+            headers,
         })
     }
 

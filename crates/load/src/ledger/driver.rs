@@ -38,6 +38,8 @@ pub(crate) enum Dialect {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Arg<'a> {
     Int(i64),
+    /// An integer or NULL (`rows_expected`).
+    OptInt(Option<i64>),
     Float(f64),
     Bool(bool),
     Text(&'a str),

@@ -29,7 +29,7 @@ fn sql<D: Driver>() -> &'static Statements {
 
 /// The counters as arguments, in [`Counts::COLUMNS`] order.
 fn count_args(counts: &Counts) -> [Arg<'static>; Counts::COLUMNS.len()] {
-    counts.values().map(Arg::Int)
+    counts.values().map(Arg::OptInt)
 }
 
 /// Takes the run key for a new attempt, or explains why not: creates its
@@ -361,9 +361,9 @@ pub(super) fn snapshot(row: &Record) -> Result<Snapshot, Error> {
 }
 
 fn counts_of(row: &Record) -> Result<Counts, Error> {
-    let mut values = [0i64; Counts::COLUMNS.len()];
+    let mut values = [None; Counts::COLUMNS.len()];
     for (value, column) in values.iter_mut().zip(Counts::COLUMNS) {
-        *value = row.int(column)?;
+        *value = row.opt_int(column)?;
     }
     Ok(Counts::from_values(values))
 }
@@ -464,6 +464,7 @@ pub(crate) async fn mark_failed<D: Driver>(
                 Arg::Int(lease.run_ref),
                 Arg::Int(lease.attempt),
                 Arg::Text(&now),
+                Arg::OptInt(counts.rows_expected.and_then(|n| i64::try_from(n).ok())),
             ],
         )
         .await?;

@@ -217,12 +217,15 @@ pub struct Counts {
     /// Rows read whose natural key a later period holds: left as they are,
     /// never reverted (the ownership rule, ADR 0006).
     pub rows_superseded: u64,
+    /// The total of records the source declared for the period
+    /// (`expect_count`), once known; `None` (NULL) when it declares none.
+    pub rows_expected: Option<u64>,
 }
 
 impl Counts {
     /// The ledger's count columns (and the counts' names in a run's
     /// result and in `status --json`), in the order of [`Counts::values`].
-    pub const COLUMNS: [&'static str; 7] = [
+    pub const COLUMNS: [&'static str; 8] = [
         "rows_read",
         "rows_inserted",
         "rows_updated",
@@ -230,36 +233,39 @@ impl Counts {
         "rows_deleted",
         "rows_rejected",
         "rows_superseded",
+        "rows_expected",
     ];
 
-    /// The counters in [`Counts::COLUMNS`] order, as the databases' signed
-    /// integers (no count reaches 2^63).
-    pub(crate) fn values(&self) -> [i64; 7] {
+    /// The counts in [`Counts::COLUMNS`] order, as the databases' signed
+    /// integers (no count reaches 2^63); only `rows_expected` is ever NULL.
+    pub(crate) fn values(&self) -> [Option<i64>; 8] {
+        let int = |n: u64| Some(i64::try_from(n).unwrap_or(i64::MAX));
         [
-            self.rows_read,
-            self.rows_inserted,
-            self.rows_updated,
-            self.rows_unchanged,
-            self.rows_deleted,
-            self.rows_rejected,
-            self.rows_superseded,
+            int(self.rows_read),
+            int(self.rows_inserted),
+            int(self.rows_updated),
+            int(self.rows_unchanged),
+            int(self.rows_deleted),
+            int(self.rows_rejected),
+            int(self.rows_superseded),
+            self.rows_expected.and_then(int),
         ]
-        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
     }
 
     /// Counts from values in [`Counts::COLUMNS`] order; a negative value
-    /// (never written by tidemark) reads as 0.
-    pub(crate) fn from_values(values: [i64; 7]) -> Counts {
-        let [read, inserted, updated, unchanged, deleted, rejected, superseded] =
-            values.map(|n| u64::try_from(n).unwrap_or(0));
+    /// (never written by tidemark) or a NULL counter reads as 0.
+    pub(crate) fn from_values(values: [Option<i64>; 8]) -> Counts {
+        let [read, inserted, updated, unchanged, deleted, rejected, superseded, expected] =
+            values.map(|n| n.and_then(|n| u64::try_from(n).ok()));
         Counts {
-            rows_read: read,
-            rows_inserted: inserted,
-            rows_updated: updated,
-            rows_unchanged: unchanged,
-            rows_deleted: deleted,
-            rows_rejected: rejected,
-            rows_superseded: superseded,
+            rows_read: read.unwrap_or(0),
+            rows_inserted: inserted.unwrap_or(0),
+            rows_updated: updated.unwrap_or(0),
+            rows_unchanged: unchanged.unwrap_or(0),
+            rows_deleted: deleted.unwrap_or(0),
+            rows_rejected: rejected.unwrap_or(0),
+            rows_superseded: superseded.unwrap_or(0),
+            rows_expected: expected,
         }
     }
 }
@@ -486,7 +492,14 @@ mod tests {
             rows_deleted: 4,
             rows_rejected: 5,
             rows_superseded: 7,
+            rows_expected: Some(8),
         };
         assert_eq!(Counts::from_values(counts.values()), counts);
+        let unknown = Counts {
+            rows_expected: None,
+            ..counts
+        };
+        assert_eq!(Counts::from_values(unknown.values()), unknown);
+        assert_eq!(unknown.values()[7], None, "NULL, not 0");
     }
 }

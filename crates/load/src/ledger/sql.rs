@@ -167,7 +167,8 @@ pub(crate) struct Statements {
     /// `$1` run ref, `$2` attempt. The first statement of every write
     /// transaction of an attempt.
     pub fence: String,
-    /// `$1` class, `$2` message, `$3` run ref, `$4` attempt.
+    /// `$1` class, `$2` message, `$3` run ref, `$4` attempt, `$5` the
+    /// clock, `$6` rows expected (or NULL).
     pub fail_run: String,
     /// `$1` status, then the counts, the class, the message, the run ref
     /// and the attempt.
@@ -287,7 +288,8 @@ impl Statements {
             ),
             fail_run: format!(
                 "UPDATE _tm_runs SET status = '{}', error_class = $1, error_message = $2, finished_at = {now},
-                        {release}, failures = failures + 1, not_before = {}, updated_at = {now}
+                        {release}, failures = failures + 1, not_before = {}, updated_at = {now},
+                        rows_expected = $6
                  WHERE id = $3 AND attempt = $4 AND status = '{running}'",
                 RunStatus::Failed.as_str(),
                 d.backoff_after("$5", "failures"),
@@ -304,7 +306,12 @@ impl Statements {
             ),
             restart_run: format!(
                 "UPDATE _tm_runs SET checkpoint = NULL, batches = 0, {}, run_id = $1 WHERE id = $2",
-                Counts::COLUMNS.map(|c| format!("{c} = 0")).join(", ")
+                Counts::COLUMNS
+                    .iter()
+                    .zip(Counts::default().values())
+                    .map(|(c, v)| format!("{c} = {}", v.map_or("NULL".to_string(), |n| n.to_string())))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             restart_attempt:
                 "UPDATE _tm_attempts SET run_id = $1 WHERE run_ref = $2 AND attempt = $3".to_string(),

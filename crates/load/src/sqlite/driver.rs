@@ -66,6 +66,7 @@ fn bind<'q>(mut query: Query<'q>, args: &'q [Arg<'q>]) -> Query<'q> {
     for arg in args {
         query = match *arg {
             Arg::Int(n) => query.bind(n),
+            Arg::OptInt(n) => query.bind(n),
             Arg::Float(f) => query.bind(f),
             Arg::Bool(b) => query.bind(b),
             Arg::Text(s) => query.bind(s),
