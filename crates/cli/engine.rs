@@ -360,13 +360,13 @@ impl Job {
         resume: Option<Checkpoint>,
         transformer: &Arc<Transformer>,
     ) -> tokio::sync::mpsc::Receiver<Result<Prepared, Error>> {
-        prepare::spawn(
-            Arc::clone(&self.pipeline),
-            self.source_id.clone(),
-            self.key.period,
+        let read = prepare::Read {
+            pipeline: Arc::clone(&self.pipeline),
+            source_id: self.source_id.clone(),
+            period: self.key.period,
             resume,
-            Arc::clone(transformer),
-        )
+        };
+        prepare::spawn(read, &self.store, Arc::clone(transformer))
     }
 
     /// Applies `max_rejects` (for the whole period) and `on_duplicate_key`
