@@ -24,6 +24,13 @@ const RECORDS: usize = 5;
 /// so a window is one second less this tolerance.
 const JITTER: Duration = Duration::from_millis(30);
 
+/// The fake API; started off the test's runtime (it blocks on its own).
+fn start_api() -> Api {
+    std::thread::spawn(|| Api::start(|_| RECORDS, None))
+        .join()
+        .expect("the fake API starts")
+}
+
 fn pipeline(api: &Api) -> String {
     format!(
         r#"name = "orders"
@@ -122,7 +129,7 @@ async fn all_days_done(env: &Env, days: usize) {
 
 #[tokio::test]
 async fn three_processes_share_one_rate_limit() {
-    let api = Api::start(|_| RECORDS, None);
+    let api = start_api();
     let env = setup(Backend::Postgres, &api).await;
     let (processes, days) = (3, 15);
     let started = Instant::now();
@@ -145,7 +152,10 @@ async fn three_processes_share_one_rate_limit() {
     // Alone, each process would send its 5 requests within 0.75 s; sharing
     // one bucket, the 15 take at least (15 - 5) / 4 s together.
     let shared = Duration::from_secs_f64((days - PER_SECOND - BURST) as f64 / PER_SECOND as f64);
-    assert!(span >= shared - JITTER, "{span:?}: the processes did not share the bucket");
+    assert!(
+        span >= shared - JITTER,
+        "{span:?}: the processes did not share the bucket"
+    );
     // The processes really ran side by side: each one's requests overlap
     // the others' in time.
     let per = days / processes;
@@ -177,14 +187,13 @@ async fn three_processes_share_one_rate_limit() {
 /// One `429 Retry-After: 3` to the third request; every process (or, on
 /// SQLite, every period of the one process) then waits it out.
 async fn retry_after_pauses(backend: Backend, processes: usize, extra: &[&str]) {
-    let api = Api::start(|_| RECORDS, None);
+    let api = start_api();
     let env = setup(backend, &api).await;
     let seen = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&seen);
     api.faults(move |_| {
-        (counter.fetch_add(1, Ordering::SeqCst) == 2).then(|| {
-            Fault::Status(429, Some("3".into()), "slow down".into())
-        })
+        (counter.fetch_add(1, Ordering::SeqCst) == 2)
+            .then(|| Fault::Status(429, Some("3".into()), "slow down".into()))
     });
     let days = 9;
     backfill_in(&env, processes, days, extra);

@@ -56,7 +56,11 @@ pub fn spawn(
 /// The gate every request of `source` passes: the database's shared bucket
 /// when other processes may read the source too (PostgreSQL), else this
 /// process's own (SQLite, where one process owns the file).
-pub fn rate_gate(store: &Store, pipeline: &Pipeline, source: &SourceSpec) -> Option<Arc<dyn RateGate>> {
+pub fn rate_gate(
+    store: &Store,
+    pipeline: &Pipeline,
+    source: &SourceSpec,
+) -> Option<Arc<dyn RateGate>> {
     let SourceSpec::Http(spec) = source else {
         return None;
     };

@@ -59,7 +59,9 @@ impl LeasePlan {
     /// Tokens to ask for when `waiting` requests of this process want one:
     /// never more than they can spend, never more than the lease.
     pub(crate) fn want(&self, waiting: usize) -> u32 {
-        u32::try_from(waiting).unwrap_or(u32::MAX).clamp(1, self.lease)
+        u32::try_from(waiting)
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.lease)
     }
 }
 
@@ -117,10 +119,16 @@ mod tests {
             while now < 10.0 {
                 tokens = (tokens + (now - at) * rate).min(capacity);
                 at = now;
-                let granted = (1..=p.lease).take_while(|i| f64::from(*i) <= tokens).count();
+                let granted = (1..=p.lease)
+                    .take_while(|i| f64::from(*i) <= tokens)
+                    .count();
                 for i in 0..granted {
                     tokens -= 1.0;
-                    uses.push(if i == 0 { now } else { now + p.hold.as_secs_f64() });
+                    uses.push(if i == 0 {
+                        now
+                    } else {
+                        now + p.hold.as_secs_f64()
+                    });
                 }
                 now += step;
             }
@@ -141,7 +149,11 @@ mod tests {
                 p.lease
             );
             // And the bucket is not wasted: the sustained rate is reached.
-            assert!(uses.len() as f64 >= 9.0 * rate, "{per_second}/s: {}", uses.len());
+            assert!(
+                uses.len() as f64 >= 9.0 * rate,
+                "{per_second}/s: {}",
+                uses.len()
+            );
         }
     }
 }

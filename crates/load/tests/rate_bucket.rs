@@ -60,7 +60,11 @@ async fn two_stores_share_one_bucket_and_one_pause() {
     let start = Instant::now();
     gate_a.acquire().await.unwrap();
     gate_b.acquire().await.unwrap();
-    assert!(start.elapsed() < Duration::from_millis(150), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_millis(150),
+        "{:?}",
+        start.elapsed()
+    );
     // Then one every 1/4 s, whoever asks.
     for gate in [&gate_a, &gate_b, &gate_a, &gate_b] {
         gate.acquire().await.unwrap();
@@ -93,7 +97,10 @@ async fn two_stores_share_one_bucket_and_one_pause() {
     let gate_c = b.rate_gate("p", "other", LIMIT).unwrap();
     let err = gate_c.acquire().await.unwrap_err();
     assert_eq!(err.class().as_str(), "database", "{err}");
-    assert!(err.to_string().contains("rate limit of source other"), "{err}");
+    assert!(
+        err.to_string().contains("rate limit of source other"),
+        "{err}"
+    );
     a.close().await;
     b.close().await;
     drop_db(&name).await;

@@ -78,11 +78,17 @@ impl LocalGate {
 impl RateGate for LocalGate {
     fn acquire(&self) -> GateFuture<'_, Result<(), Error>> {
         Box::pin(async move {
-            while let Some(until) = self.paused() {
-                tokio::time::sleep_until(until).await;
+            loop {
+                while let Some(until) = self.paused() {
+                    tokio::time::sleep_until(until).await;
+                }
+                self.limiter.until_ready().await;
+                // A pause that began while this reader waited for its token
+                // holds it too; the token is given up, not saved for later.
+                if self.paused().is_none() {
+                    return Ok(());
+                }
             }
-            self.limiter.until_ready().await;
-            Ok(())
         })
     }
 

@@ -38,9 +38,8 @@ const PAUSED: &str = "coalesce(b.paused_until > c.now, false)";
 /// the row for RETURNING, which sees the new one. Parameters: pipeline,
 /// source, per_second, burst, capacity, wanted tokens.
 static TAKE: LazyLock<String> = LazyLock::new(|| {
-    let grant = format!(
-        "CASE WHEN {PAUSED} THEN 0 ELSE least($6::int, floor({AVAILABLE})::int) END"
-    );
+    let grant =
+        format!("CASE WHEN {PAUSED} THEN 0 ELSE least($6::int, floor({AVAILABLE})::int) END");
     format!(
         "UPDATE _tm_rate_buckets b SET
             per_second = $3,
