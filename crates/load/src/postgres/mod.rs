@@ -55,7 +55,10 @@ pub(crate) struct PgStore {
 /// The rate gates of this process, one per pipeline, source and quota, so
 /// every reader of a source in the process shares one lease.
 #[derive(Clone, Default)]
-struct Gates(Arc<Mutex<HashMap<(String, String, u32, u32), Arc<rate::PgRateGate>>>>);
+struct Gates(Arc<Mutex<HashMap<GateKey, Arc<rate::PgRateGate>>>>);
+
+/// Pipeline name, source id, requests per second, burst.
+type GateKey = (String, String, u32, u32);
 
 impl std::fmt::Debug for Gates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
