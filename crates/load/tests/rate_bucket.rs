@@ -38,6 +38,62 @@ const LIMIT: RateLimit = RateLimit {
     burst: Some(1),
 };
 
+/// 40/s with a burst of 8 leases 5 tokens per round trip (bucket 5, hold
+/// 100 ms). Twelve readers in two processes pull as fast as they can for
+/// two seconds: no second sees more than 48 tokens, and the sustained rate
+/// is reached.
+#[tokio::test]
+async fn leased_tokens_keep_every_second_within_the_limit() {
+    let limit = RateLimit {
+        per_second: 40,
+        burst: Some(8),
+    };
+    let (url, name) = fresh_db().await;
+    let stores = [
+        Store::connect(&url).await.unwrap(),
+        Store::connect(&url).await.unwrap(),
+    ];
+    let start = Instant::now();
+    let run_for = Duration::from_secs(2);
+    let mut readers = Vec::new();
+    for i in 0..12 {
+        let gate = stores[i % 2].rate_gate("p", "s", limit).unwrap();
+        readers.push(tokio::spawn(async move {
+            let mut times = Vec::new();
+            while start.elapsed() < run_for {
+                gate.acquire().await.unwrap();
+                times.push(start.elapsed());
+            }
+            times
+        }));
+    }
+    let mut times = Vec::new();
+    for reader in readers {
+        times.extend(reader.await.unwrap());
+    }
+    times.sort();
+    let busiest = times
+        .iter()
+        .map(|t| {
+            times
+                .iter()
+                .filter(|o| **o >= *t && **o - *t < Duration::from_secs(1))
+                .count()
+        })
+        .max()
+        .unwrap();
+    eprintln!(
+        "{} tokens in {run_for:?}; busiest second {busiest}",
+        times.len()
+    );
+    assert!(busiest <= 48, "{busiest} tokens within one second");
+    assert!(times.len() >= 70, "the rate is reached: {}", times.len());
+    for store in &stores {
+        store.close().await;
+    }
+    drop_db(&name).await;
+}
+
 #[tokio::test]
 async fn two_stores_share_one_bucket_and_one_pause() {
     let (url, name) = fresh_db().await;

@@ -140,9 +140,12 @@ impl PgRateGate {
                 Ok(false) => {}
             }
             let _taking = self.taking.lock().await;
-            // Another reader may have leased tokens while this one waited.
-            if !matches!(self.local_token(), Ok(false)) {
-                continue;
+            // Another reader may have leased tokens (or met a pause) while
+            // this one waited for its turn.
+            match self.local_token() {
+                Ok(true) => return Ok(()),
+                Err(_) => continue,
+                Ok(false) => {}
             }
             let started = Instant::now();
             let want = self.plan.want(self.waiting.load(Ordering::Relaxed));
