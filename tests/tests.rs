@@ -14,6 +14,7 @@ mod hardening_periods;
 mod http;
 mod memory_budget;
 mod ownership;
+mod rate_limits;
 mod scheduler;
 mod service;
 mod status;

@@ -408,13 +408,13 @@ impl Job {
     }
 
     fn produce(&self, resume: Option<Checkpoint>, transformer: &Arc<Transformer>) -> Batches {
-        prepare::spawn(
-            Arc::clone(&self.pipeline),
-            self.source_id.clone(),
-            self.key.period,
+        let read = prepare::Read {
+            pipeline: Arc::clone(&self.pipeline),
+            source_id: self.source_id.clone(),
+            period: self.key.period,
             resume,
-            Arc::clone(transformer),
-        )
+        };
+        prepare::spawn(read, &self.store, Arc::clone(transformer))
     }
 
     /// Applies `max_rejects` (for the whole period) and `on_duplicate_key`

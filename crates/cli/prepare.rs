@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
-use tidemark_core::{Error, Location, Origin, Period, Pipeline, RawRecord, Row};
+use tidemark_core::spec::SourceSpec;
+use tidemark_core::{Error, Location, Origin, Period, Pipeline, RateGate, RawRecord, Row};
 use tidemark_extract::{Checkpoint, SourceReader};
-use tidemark_load::Reject;
+use tidemark_load::{Reject, Store};
 use tidemark_transform::{Presence, Transformer};
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -61,20 +62,24 @@ impl Batches {
     }
 }
 
-/// Reads and types batches from `resume` on; they arrive in order, then the
-/// end of the source. A failure is sent as the last item.
-pub fn spawn(
-    pipeline: Arc<Pipeline>,
-    source_id: String,
-    period: Period,
-    resume: Option<Checkpoint>,
-    transformer: Arc<Transformer>,
-) -> Batches {
+/// What to read: a source of a pipeline for a period, from `resume` on.
+pub struct Read {
+    pub pipeline: Arc<Pipeline>,
+    pub source_id: String,
+    pub period: Period,
+    pub resume: Option<Checkpoint>,
+}
+
+/// Reads and types batches from `read.resume` on; they arrive in order,
+/// then the end of the source. A failure is sent as the last item. The
+/// source's rate limit is the one `store` says every process shares, if
+/// any.
+pub fn spawn(read: Read, store: &Store, transformer: Arc<Transformer>) -> Batches {
     let (tx, rx) = mpsc::channel(1);
+    let store = store.clone();
     tokio::spawn(
         async move {
-            if let Err(e) = produce(&pipeline, &source_id, &period, resume, &transformer, &tx).await
-            {
+            if let Err(e) = produce(&read, &store, &transformer, &tx).await {
                 let _ = tx.send(Item::Batch(Err(e))).await;
             }
         }
@@ -87,14 +92,36 @@ pub fn spawn(
     }
 }
 
-async fn produce(
+/// The gate every request of `source` passes: the database's shared bucket
+/// when other processes may read the source too (PostgreSQL), else this
+/// process's own (SQLite, where one process owns the file).
+pub fn rate_gate(
+    store: &Store,
     pipeline: &Pipeline,
-    source_id: &str,
-    period: &Period,
-    resume: Option<Checkpoint>,
+    source: &SourceSpec,
+) -> Option<Arc<dyn RateGate>> {
+    let SourceSpec::Http(spec) = source else {
+        return None;
+    };
+    let limit = spec.rate_limit?;
+    let name = &pipeline.spec.name;
+    store
+        .rate_gate(name, &spec.id, limit)
+        .or_else(|| tidemark_extract::local_gate(name, &spec.id, limit))
+}
+
+async fn produce(
+    read: &Read,
+    store: &Store,
     transformer: &Transformer,
     tx: &Sender,
 ) -> Result<(), Error> {
+    let Read {
+        pipeline,
+        source_id,
+        period,
+        resume,
+    } = read;
     let source = pipeline.source(source_id).ok_or_else(|| {
         Error::config(
             pipeline.file_name(),
@@ -102,7 +129,8 @@ async fn produce(
             format!("no source {source_id:?}"),
         )
     })?;
-    let mut reader = SourceReader::open(pipeline, source, period, resume.as_ref()).await?;
+    let gate = rate_gate(store, pipeline, source);
+    let mut reader = SourceReader::open(pipeline, source, period, resume.as_ref(), gate).await?;
     while let Some(batch) = reader.next_batch().await? {
         let prepared = prepare(transformer, batch.records, batch.checkpoint);
         if tx.send(Item::Batch(Ok(prepared))).await.is_err() {

@@ -32,6 +32,7 @@ fn the_http_example_pipeline_is_valid_and_needs_its_token() {
             &pipeline.spec.sources[0],
             &period,
             None,
+            None,
         ))
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(!format!("{reader:?}").contains("t0k3n-example"));

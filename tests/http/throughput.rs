@@ -36,7 +36,7 @@ async fn extract_only(api: &Api, page_size: usize) -> (usize, f64) {
     let pipeline = Pipeline::parse(&text, Path::new("throughput.toml")).unwrap();
     let period = pipeline.period(DAY).unwrap();
     let started = Instant::now();
-    let mut reader = SourceReader::open(&pipeline, &pipeline.spec.sources[0], &period, None)
+    let mut reader = SourceReader::open(&pipeline, &pipeline.spec.sources[0], &period, None, None)
         .await
         .unwrap();
     let mut read = 0;

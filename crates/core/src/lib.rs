@@ -8,6 +8,7 @@
 pub mod error;
 pub mod fingerprint;
 pub mod period;
+pub mod rate;
 pub mod record;
 pub mod run_key;
 pub mod spec;
@@ -17,6 +18,7 @@ pub mod value;
 pub use error::{Error, ErrorClass, Location, Result};
 pub use fingerprint::FieldsFingerprint;
 pub use period::{Granularity, Period};
+pub use rate::RateGate;
 pub use record::{Origin, RawData, RawRecord, RawValue, Selector};
 pub use run_key::RunKey;
 pub use spec::{Pipeline, PipelineSpec, RetryPolicy};

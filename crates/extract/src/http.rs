@@ -25,7 +25,7 @@
 //! [`request`]); the runner sees only permanent errors, and every error
 //! leaving the reader has its secrets redacted.
 
-mod limiter;
+pub(crate) mod limiter;
 mod page;
 mod paging;
 mod request;
@@ -41,7 +41,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tidemark_core::spec::{ExpectCount, Format, HttpSourceSpec, Pagination};
-use tidemark_core::{Error, Period, Pipeline, RawData, RawRecord};
+use tidemark_core::{Error, Period, Pipeline, RateGate, RawData, RawRecord};
 use tracing::{debug, warn};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
@@ -98,7 +98,8 @@ pub struct FirstPage {
 
 impl HttpReader {
     /// Prepares the requests of `spec` for `period`, positioned at the first
-    /// page or just after `resume`.
+    /// page or just after `resume`; every request passes `gate` (the
+    /// source's rate limit, `None` for none).
     ///
     /// Configuration problems (a URL or header that is invalid once
     /// templated, a pagination that does not fit the format) are config
@@ -111,8 +112,9 @@ impl HttpReader {
         spec: &HttpSourceSpec,
         period: &Period,
         resume: Option<&Checkpoint>,
+        gate: Option<Arc<dyn RateGate>>,
     ) -> Result<HttpReader, Error> {
-        let fetcher = Fetcher::new(pipeline, spec, period)?;
+        let fetcher = Fetcher::new(pipeline, spec, period, gate)?;
         let mut state = Box::new(State {
             decoder: decoder(pipeline, spec)?,
             batch_size: pipeline.spec.load.batch_size,
@@ -177,13 +179,17 @@ impl HttpReader {
 
     /// Fetches the first page of `period` (with the usual retries) and
     /// counts its records, without reading further: a dry run of the
-    /// source's URL, headers, format and records pointer.
+    /// source's URL, headers, format and records pointer. It runs without
+    /// a database, so under the in-process rate limit.
     pub async fn first_page(
         pipeline: &Pipeline,
         spec: &HttpSourceSpec,
         period: &Period,
     ) -> Result<FirstPage, Error> {
-        let reader = HttpReader::open(pipeline, spec, period, None).await?;
+        let gate = spec
+            .rate_limit
+            .and_then(|limit| limiter::local_gate(&pipeline.spec.name, &spec.id, limit));
+        let reader = HttpReader::open(pipeline, spec, period, None, gate).await?;
         let Some(mut state) = reader.state else {
             return Err(Error::source_permanent("the HTTP reader did not open"));
         };

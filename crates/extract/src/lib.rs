@@ -11,10 +11,13 @@
 mod file;
 mod http;
 
+use std::sync::Arc;
+
 use tidemark_core::spec::SourceSpec;
-use tidemark_core::{Error, Period, Pipeline, RawRecord};
+use tidemark_core::{Error, Period, Pipeline, RateGate, RawRecord};
 
 pub use file::FileReader;
+pub use http::limiter::local_gate;
 pub use http::{FirstPage, HttpReader};
 
 /// A resumable position in a source, stored in the ledger as JSON.
@@ -42,18 +45,23 @@ impl SourceReader {
     /// Opens `source` of `pipeline` for `period`, continuing after `resume`
     /// when given. Fails with a permanent source error when the source is
     /// missing and `missing = "error"`.
+    ///
+    /// `gate` is the source's rate limit (see [`RateGate`]); the caller
+    /// chooses it because only the caller knows whether other processes
+    /// share the source. File sources have none.
     pub async fn open(
         pipeline: &Pipeline,
         source: &SourceSpec,
         period: &Period,
         resume: Option<&Checkpoint>,
+        gate: Option<Arc<dyn RateGate>>,
     ) -> Result<SourceReader, Error> {
         match source {
             SourceSpec::File(spec) => Ok(SourceReader::File(
                 FileReader::open(pipeline, spec, period, resume).await?,
             )),
             SourceSpec::Http(spec) => Ok(SourceReader::Http(
-                HttpReader::open(pipeline, spec, period, resume).await?,
+                HttpReader::open(pipeline, spec, period, resume, gate).await?,
             )),
         }
     }

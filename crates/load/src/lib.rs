@@ -14,6 +14,7 @@
 mod db_error;
 mod ledger;
 mod postgres;
+mod rate;
 mod schema;
 mod sqlite;
 mod stored;
@@ -143,6 +144,23 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// The rate gate of `source` of `pipeline` when other processes may
+    /// read it too: on PostgreSQL, the source's bucket row in this
+    /// database, shared by every process on every host (one gate per
+    /// source in this process). `None` on SQLite, where one process owns
+    /// the file and the in-process bucket is the whole truth (ADR 0010).
+    pub fn rate_gate(
+        &self,
+        pipeline: &str,
+        source: &str,
+        limit: tidemark_core::spec::RateLimit,
+    ) -> Option<std::sync::Arc<dyn tidemark_core::RateGate>> {
+        match &self.backend {
+            Backend::Postgres(s) => s.rate_gate(pipeline, source, limit),
+            Backend::Sqlite(_) => None,
+        }
     }
 
     /// Takes the run key for a new attempt, or explains why not.

@@ -1,6 +1,11 @@
 //! One source's requests: built from the templates, sent under the shared
 //! rate limit, classified as transient or permanent, and retried.
 //!
+//! The rate limit is whatever [`RateGate`] the caller handed in (the
+//! ledger's bucket on PostgreSQL, the in-process one on SQLite). A `429` or
+//! `503` with `Retry-After` pauses that gate, so every reader of the source
+//! waits, not only the one that was told.
+//!
 //! The URL shown for a request (in logs, errors and record origins) is
 //! built from the templates rendered with `***` in place of every `${ENV}`
 //! value, so where a secret sits is known, not guessed. Every message that
@@ -19,17 +24,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use governor::DefaultDirectRateLimiter;
 use reqwest::header::{
     HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, LINK, RETRY_AFTER,
 };
 use reqwest::{Client, Response, StatusCode, Url};
 use tidemark_core::spec::{Format, HttpSourceSpec, Pagination};
 use tidemark_core::template::{Template, TemplateContext};
-use tidemark_core::{Error, Period, Pipeline, RetryPolicy};
+use tidemark_core::{Error, Period, Pipeline, RateGate, RetryPolicy};
 use tracing::{debug, warn};
 
-use super::limiter;
 use super::paging::{self, PageRequest};
 use super::secrets::Secrets;
 
@@ -58,7 +61,8 @@ pub(crate) struct Fetcher {
     headers: HeaderMap,
     pagination: Pagination,
     secrets: Secrets,
-    limiter: Option<Arc<DefaultDirectRateLimiter>>,
+    /// The source's rate limit, when it has one.
+    gate: Option<Arc<dyn RateGate>>,
     retry: RetryPolicy,
     /// `max_page_bytes`, and its key for messages.
     max_page_bytes: u64,
@@ -80,12 +84,14 @@ pub(crate) struct Fetched {
 }
 
 impl Fetcher {
-    /// Renders the source's templates for `period` and prepares the client.
-    /// Everything wrong here is a configuration error naming the key.
+    /// Renders the source's templates for `period` and prepares the client,
+    /// whose every request passes `gate`. Everything wrong here is a
+    /// configuration error naming the key.
     pub(crate) fn new(
         pipeline: &Pipeline,
         spec: &HttpSourceSpec,
         period: &Period,
+        gate: Option<Arc<dyn RateGate>>,
     ) -> Result<Fetcher, Error> {
         let r = Renderer {
             pipeline,
@@ -126,9 +132,7 @@ impl Fetcher {
             headers: r.headers(&headers)?,
             pagination: spec.pagination.clone(),
             secrets,
-            limiter: spec
-                .rate_limit
-                .and_then(|limit| limiter::shared(&pipeline.spec.name, &spec.id, limit)),
+            gate,
             retry: pipeline.retry,
             max_page_bytes: spec.max_page_bytes.as_u64(),
             limit_key: format!("sources.{}.max_page_bytes", spec.id),
@@ -200,10 +204,11 @@ impl Fetcher {
     /// One GET of `url`, after waiting for the rate limit. Errors are
     /// classified: connect/timeout/reset/truncated body, 408, 429 and 5xx
     /// are transient (with the server's `Retry-After`), anything else
-    /// permanent.
+    /// permanent. A gate that cannot answer (its database is down) fails
+    /// the request with that database error, retried like any other.
     pub(crate) async fn get(&self, url: &Url, shown: &str) -> Result<Fetched, Error> {
-        if let Some(limiter) = &self.limiter {
-            limiter.until_ready().await;
+        if let Some(gate) = &self.gate {
+            gate.acquire().await?;
         }
         debug!(url = %shown, "GET");
         let response = self
@@ -215,7 +220,9 @@ impl Fetcher {
             .map_err(|e| self.transport_error(shown, "request failed", e))?;
         let status = response.status();
         if !status.is_success() {
-            return Err(self.status_error(shown, response).await);
+            let err = self.status_error(shown, response).await;
+            self.pause_source(status, &err).await;
+            return Err(err);
         }
         let next_link = self.next_link(shown, &response)?;
         let content_type = response
@@ -233,6 +240,27 @@ impl Fetcher {
             next_link,
             headers,
         })
+    }
+
+    /// A `429`/`503` with `Retry-After` is the source speaking to every
+    /// client of it: the gate pauses all of this source's readers. Failing
+    /// to record the pause (its database is down) leaves the error the
+    /// server sent as the one to report; the next request's gate meets the
+    /// database error itself.
+    async fn pause_source(&self, status: StatusCode, err: &Error) {
+        let throttled =
+            status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE;
+        let (Some(gate), Some(delay), true) = (&self.gate, err.retry_after(), throttled) else {
+            return;
+        };
+        let delay = delay.min(self.retry.max_delay);
+        match gate.pause_for(delay).await {
+            Ok(()) => debug!(
+                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                "the source asked to wait (Retry-After): every reader of it pauses"
+            ),
+            Err(e) => warn!(error = %e, "could not pause the other readers of this source"),
+        }
     }
 
     fn body_error(&self, shown: &str, err: BodyError) -> Error {

@@ -443,7 +443,7 @@ fn day() -> Period {
 }
 
 async fn open(p: &Pipeline, resume: Option<&Checkpoint>) -> Result<HttpReader, Error> {
-    HttpReader::open(p, spec(p), &day(), resume).await
+    HttpReader::open(p, spec(p), &day(), resume, None).await
 }
 
 /// Every batch: its record ids and its checkpoint.

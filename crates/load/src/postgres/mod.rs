@@ -12,19 +12,26 @@
 //! - `driver`: the ledger's type mapping and the data plane behind
 //!   [`crate::ledger::driver::Driver`];
 //! - `table`, `copy_binary`, `stored_copy`: destination tables, binary
-//!   `COPY` of batches, and reading a run key's stored hashes.
+//!   `COPY` of batches, and reading a run key's stored hashes;
+//! - `rate`: the sources' rate limits, one bucket row per source shared by
+//!   every process.
 
 mod copy_binary;
 pub(crate) mod driver;
+mod rate;
 mod stored_copy;
 mod table;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::Connection as _;
-use tidemark_core::Error;
+use tidemark_core::spec::RateLimit;
+use tidemark_core::{Error, RateGate};
 
 use crate::db_error::db_error;
 use crate::retry_while;
@@ -42,6 +49,21 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub(crate) struct PgStore {
     pool: PgPool,
+    gates: Gates,
+}
+
+/// The rate gates of this process, one per pipeline, source and quota, so
+/// every reader of a source in the process shares one lease.
+#[derive(Clone, Default)]
+struct Gates(Arc<Mutex<HashMap<GateKey, Arc<rate::PgRateGate>>>>);
+
+/// Pipeline name, source id, requests per second, burst.
+type GateKey = (String, String, u32, u32);
+
+impl std::fmt::Debug for Gates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Gates")
+    }
 }
 
 impl PgStore {
@@ -114,7 +136,37 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(60))
             .connect_lazy_with(options);
         let _ = first.close().await;
-        Ok(PgStore { pool })
+        Ok(PgStore {
+            pool,
+            gates: Gates::default(),
+        })
+    }
+
+    /// The shared bucket of `source` of `pipeline` (see [`rate`]); `None`
+    /// for a zero rate (refused by the config check).
+    pub(crate) fn rate_gate(
+        &self,
+        pipeline: &str,
+        source: &str,
+        limit: RateLimit,
+    ) -> Option<Arc<dyn RateGate>> {
+        let plan = crate::rate::LeasePlan::new(limit)?;
+        let key = (
+            pipeline.to_string(),
+            source.to_string(),
+            plan.per_second,
+            plan.burst,
+        );
+        let mut gates = self.gates.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let gate = gates.entry(key).or_insert_with(|| {
+            Arc::new(rate::PgRateGate::new(
+                self.pool.clone(),
+                pipeline,
+                source,
+                plan,
+            ))
+        });
+        Some(Arc::clone(gate) as Arc<dyn RateGate>)
     }
 
     /// A connection that LISTENs for queued keys (and reconnects by itself).
