@@ -1202,6 +1202,41 @@ async fn run_key_rows_are_read_through_the_index(postgres: bool) {
     db.drop_db().await;
 }
 
+/// A queue filled on a new ledger is claimed through its index: the
+/// enqueue refreshes the planner's statistics, without which PostgreSQL
+/// sorts every pending key on each claim (17 ms a claim at 10,000 keys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_enqueue_leaves_the_queue_claimed_through_its_index_postgres() {
+    let (db, store, _) = with_table(true, &pipeline()).await;
+    let first = chrono::NaiveDate::from_ymd_opt(2000, 1, 1).unwrap();
+    let days: Vec<String> = (0..2_000)
+        .map(|i| {
+            (first + chrono::Days::new(i))
+                .format("%Y-%m-%d")
+                .to_string()
+        })
+        .collect();
+    let refs: Vec<&str> = days.iter().map(String::as_str).collect();
+    assert_eq!(enqueue_days(&store, &refs, 0, &[]).await, 2_000);
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT id FROM _tm_runs
+         WHERE status = 'pending' AND (not_before IS NULL OR not_before <= now()) AND pipeline IN ('p')
+         ORDER BY queue_rank LIMIT 1 FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert!(
+        plan.iter()
+            .any(|line| line.contains("Index Scan using _tm_runs_queue")),
+        "{plan:#?}"
+    );
+    assert!(!plan.iter().any(|line| line.contains("Sort")), "{plan:#?}");
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// A table another process created after this store's connections read
 /// the schema is checked against the fresh schema. On SQLite, periods
 /// starting together on a new database hit this: one creates the table,

@@ -166,8 +166,18 @@ pub(crate) async fn claim_next<D: Driver>(
     let mut takeover = vec![Arg::Text(&request.worker.host)];
     takeover.extend(names.iter().copied());
     let mut tx = driver.begin().await?;
-    let mut candidates =
-        fetch_all(&mut tx, &s.takeover_candidates(pipelines.len()), &takeover).await?;
+    let mut candidates = Vec::new();
+    for row in fetch_all(&mut tx, &s.takeover_candidates(pipelines.len()), &takeover).await? {
+        // Only a key the rules would take is locked (and judged again,
+        // locked, by `take`): a live holder's row is never locked.
+        if matches!(decide(snapshot(&row)?, request), Decision::Held { .. }) {
+            continue;
+        }
+        let id = [Arg::Int(row.int("id")?)];
+        if let Some(locked) = fetch_optional(&mut tx, &s.lock_running(), &id).await? {
+            candidates.push(locked);
+        }
+    }
     if let Some(next) = fetch_optional(&mut tx, &s.queue_next(pipelines.len()), &names).await? {
         candidates.push(next);
     }
@@ -277,7 +287,31 @@ pub(crate) async fn enqueue<D: Driver>(driver: &D, batch: &Enqueue<'_>) -> Resul
         wake_workers::<D>(&mut tx).await?;
     }
     tx.commit().await?;
+    if queued >= ANALYZE_AFTER {
+        refresh_statistics(driver).await;
+    }
     Ok(queued)
+}
+
+/// Keys queued at once from which the planner's statistics are refreshed
+/// at once rather than by the next autovacuum.
+const ANALYZE_AFTER: u64 = 1_000;
+
+/// See [`Statements::analyze_runs`]. The keys are queued already; a failure
+/// here costs speed, not correctness, so it is logged, not returned.
+async fn refresh_statistics<D: Driver>(driver: &D) {
+    let Some(analyze) = &sql::<D>().analyze_runs else {
+        return;
+    };
+    let result = async {
+        let mut tx = driver.begin().await?;
+        tx.execute(analyze, &[]).await?;
+        tx.commit().await
+    }
+    .await;
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "could not refresh the ledger's statistics after queuing keys");
+    }
 }
 
 /// Takes `pending` keys of a pipeline out of the queue (`cancelled`);
