@@ -36,6 +36,20 @@ impl SmallDisk {
         }
     }
 
+    /// KiB in use, as `df` counts them.
+    fn used_kib(&self) -> u64 {
+        let out = Command::new("df")
+            .args(["-k", "--output=used"])
+            .arg(&self.path)
+            .output()
+            .expect("run df");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .and_then(|l| l.trim().parse().ok())
+            .expect("df prints the KiB used")
+    }
+
     fn resize(&self, size: &str) {
         let status = Command::new("mount")
             .args(["-o", &format!("remount,size={size}")])
@@ -98,9 +112,15 @@ async fn assert_recovers(env: &Env, url: &str) {
 #[tokio::test]
 async fn full_disk_fails_fast_stops_claiming_and_recovers_sqlite() {
     let mut env = Env::orders(Backend::Sqlite).await;
-    let disk = SmallDisk::mount(&env.path("small-disk"), "400k");
+    // The ledger's migrations go in first, on a roomy disk, which then
+    // shrinks to what they use plus a little: the disk fills during the
+    // backfill, whatever the migrations weigh.
+    let disk = SmallDisk::mount(&env.path("small-disk"), "64M");
     let file = disk.path.join("t.db");
     let url = format!("sqlite://{}", file.display());
+    env.tidemark_at(&url, &["migrate"])
+        .expect_code(0, "migrate on the roomy disk");
+    disk.resize(&format!("{}k", disk.used_kib() + 96));
     let out = january(&env, &url);
     assert_stopped_on_full_disk(&out);
     disk.resize("64M");
@@ -111,6 +131,32 @@ async fn full_disk_fails_fast_stops_claiming_and_recovers_sqlite() {
     if let Ok(integrity) = integrity {
         assert_eq!(String::from_utf8_lossy(&integrity.stdout).trim(), "ok");
     }
+    env.db = crate::support::TestDb::Sqlite { path: file };
+    assert_recovers(&env, &url).await;
+}
+
+/// A disk too small for the ledger's migrations: the command fails at
+/// once naming the cause (no retries as if another process raced it, no
+/// 60 s wait on a connection left inside the failed migration), and runs
+/// once there is space.
+#[tokio::test]
+async fn full_disk_during_migration_fails_fast_and_recovers_sqlite() {
+    let mut env = Env::orders(Backend::Sqlite).await;
+    let disk = SmallDisk::mount(&env.path("small-disk"), "96k");
+    let file = disk.path.join("t.db");
+    let url = format!("sqlite://{}", file.display());
+    let out = january(&env, &url);
+    out.expect_code(1, "backfill onto a disk too small for the ledger");
+    assert!(
+        out.elapsed < Duration::from_secs(20),
+        "fails at once\n{out}"
+    );
+    assert!(out.stderr.contains("ledger migration failed"), "{out}");
+    assert!(
+        out.stderr.contains("disk is full"),
+        "the cause is named\n{out}"
+    );
+    disk.resize("64M");
     env.db = crate::support::TestDb::Sqlite { path: file };
     assert_recovers(&env, &url).await;
 }

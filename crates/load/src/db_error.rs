@@ -40,7 +40,7 @@ pub(crate) fn db_error(err: sqlx::Error) -> Error {
 
 /// Whether the database says it cannot store anything more: disk full,
 /// an I/O or storage error, a corrupt or read-only database.
-fn is_storage_failure(err: &sqlx::Error) -> bool {
+pub(crate) fn is_storage_failure(err: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = err else {
         return false;
     };

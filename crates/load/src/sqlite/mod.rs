@@ -161,19 +161,49 @@ impl SqliteStore {
         sqlx::migrate!("../../migrations/sqlite")
     }
 
+    /// A storage failure (a full disk) is no race: it ends the command at
+    /// once, naming the cause.
     pub(crate) async fn migrate(&self) -> Result<(), Error> {
         let migrator = Self::migrator();
         retry_while(
             "ledger migration raced another process",
             MIGRATE_DEADLINE,
-            |_| true,
-            || migrator.run(&self.pool),
+            |e| !migration_storage_failure(e),
+            || self.migrate_once(&migrator),
         )
         .await
         .map_err(|e| Error::Database {
             message: format!("ledger migration failed: {e}"),
             transient: false,
         })
+    }
+
+    /// One try, on a connection that is closed rather than handed back to
+    /// the pool when the try fails: a migration that failed halfway (a full
+    /// disk) can leave its connection inside a transaction that holds the
+    /// write lock, and every other writer then waited 60 s for it, then
+    /// met "cannot start a transaction within a transaction" on it.
+    async fn migrate_once(
+        &self,
+        migrator: &sqlx::migrate::Migrator,
+    ) -> Result<(), sqlx::migrate::MigrateError> {
+        let mut conn = self.pool.acquire().await?;
+        let result = migrator.run(&mut *conn).await;
+        if result.is_err() {
+            conn.close_on_drop();
+        }
+        result
+    }
+}
+
+/// Whether a migration failed because the database cannot store more.
+fn migration_storage_failure(e: &sqlx::migrate::MigrateError) -> bool {
+    use sqlx::migrate::MigrateError;
+    match e {
+        MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _) => {
+            crate::db_error::is_storage_failure(e)
+        }
+        _ => false,
     }
 }
 
