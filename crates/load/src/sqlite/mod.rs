@@ -188,7 +188,7 @@ impl SqliteStore {
         migrator: &sqlx::migrate::Migrator,
     ) -> Result<(), sqlx::migrate::MigrateError> {
         let mut conn = self.pool.acquire().await?;
-        let result = migrator.run(&mut *conn).await;
+        let result = migrator.run_direct(&mut *conn).await;
         if result.is_err() {
             conn.close_on_drop();
         }
