@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
-use tidemark_load::{Enqueue, EnqueuedBy, QueueKey, RunStatus, Store, WorkerId};
+use tidemark_load::{Enqueue, EnqueuedBy, RunStatus, Store, WorkerId};
 
 use crate::cli::{
     BackfillArgs, CancelArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, SyncArgs,
@@ -100,7 +100,7 @@ fn load_for(global: &Global, name: &str, dry_run: bool) -> Result<Pipeline, Erro
     Ok(pipeline)
 }
 
-fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Error> {
+pub(crate) fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Error> {
     match only {
         None => Ok(pipeline
             .spec
@@ -476,19 +476,7 @@ async fn queue_plan(
     priority: i64,
 ) -> Result<(u64, u64), Error> {
     let planned = plan::plan(Some(store), pipeline, sources, ask, now).await?;
-    let (mut fresh, mut forced) = (Vec::new(), Vec::new());
-    for p in &planned {
-        let key = QueueKey {
-            source: p.source.clone(),
-            period_start: p.key.period.start_rfc3339(),
-            period_end: p.key.period.end_rfc3339(),
-        };
-        match p.intent {
-            Intent::Claim(None) => fresh.push(key),
-            Intent::Claim(Some(_)) => forced.push(key),
-            Intent::Leave(_) => {}
-        }
-    }
+    let (fresh, forced) = plan::queue_keys(&planned);
     let mut queued = 0;
     for (keys, requeue) in [
         (&fresh, &[RunStatus::Failed, RunStatus::Cancelled][..]),

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use tidemark_core::{Error, Period, Pipeline, RunKey};
-use tidemark_load::{LedgerEntry, RunStatus, Store};
+use tidemark_load::{LedgerEntry, QueueKey, RunStatus, Store};
 
 use crate::cli::Only;
 
@@ -66,6 +66,26 @@ pub struct Planned {
     /// Its period is still open (the run was allowed with `--allow-open`):
     /// a done run is recorded as provisional.
     pub provisional: bool,
+}
+
+/// The keys of a plan to put into the work queue: those to claim as usual
+/// (new, or back from failed or cancelled), and those to claim forced (done
+/// keys to run again). Keys the plan leaves alone are not queued.
+pub fn queue_keys(planned: &[Planned]) -> (Vec<QueueKey>, Vec<QueueKey>) {
+    let (mut fresh, mut forced) = (Vec::new(), Vec::new());
+    for p in planned {
+        let key = QueueKey {
+            source: p.source.clone(),
+            period_start: p.key.period.start_rfc3339(),
+            period_end: p.key.period.end_rfc3339(),
+        };
+        match p.intent {
+            Intent::Claim(None) => fresh.push(key),
+            Intent::Claim(Some(_)) => forced.push(key),
+            Intent::Leave(_) => {}
+        }
+    }
+    (fresh, forced)
 }
 
 /// `run`/`backfill` refuse a period that is still open (its end plus `lag`

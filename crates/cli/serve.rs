@@ -25,8 +25,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tidemark_core::{Error, Period, Pipeline, RunKey};
 use tidemark_load::{
-    ClaimRequest, Enqueue, EnqueuedBy, QueueKey, QueuePipeline, QueuedRun, RunStatus, Store,
-    WorkerId,
+    ClaimRequest, Enqueue, EnqueuedBy, QueuePipeline, QueuedRun, RunStatus, Store, WorkerId,
 };
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -35,7 +34,7 @@ use crate::cli::{Global, ServeArgs};
 use crate::commands::{load_runnable, pipeline_files, worker};
 use crate::engine::{retry, Context, Job, Outcome, RunFlags};
 use crate::exit::Exit;
-use crate::plan::{self, Ask, Intent};
+use crate::plan::{self, Ask};
 
 /// The priority of scheduled keys: a day of head start over backfills
 /// queued at the same time (each point is a minute).
@@ -454,12 +453,7 @@ async fn fire_due(
 /// the forced re-runs (lookback, provisional now due) even though done.
 async fn queue_due(shared: &Shared, pipeline: &Pipeline, now: DateTime<Utc>) -> Result<(), Error> {
     let store = &shared.store;
-    let sources: Vec<String> = pipeline
-        .spec
-        .sources
-        .iter()
-        .map(|s| s.id().to_string())
-        .collect();
+    let sources = crate::commands::source_ids(pipeline, None)?;
     let planned = plan::plan(
         Some(store),
         pipeline,
@@ -468,19 +462,7 @@ async fn queue_due(shared: &Shared, pipeline: &Pipeline, now: DateTime<Utc>) -> 
         now,
     )
     .await?;
-    let (mut fresh, mut again) = (Vec::new(), Vec::new());
-    for p in &planned {
-        let key = QueueKey {
-            source: p.source.clone(),
-            period_start: p.key.period.start_rfc3339(),
-            period_end: p.key.period.end_rfc3339(),
-        };
-        match p.intent {
-            Intent::Claim(None) => fresh.push(key),
-            Intent::Claim(Some(_)) => again.push(key),
-            Intent::Leave(_) => {}
-        }
-    }
+    let (fresh, again) = plan::queue_keys(&planned);
     let mut queued = 0;
     for (keys, requeue) in [
         (&fresh, &[RunStatus::Failed][..]),

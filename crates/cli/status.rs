@@ -71,9 +71,11 @@ async fn print(
         from: starts.as_ref().map(|(from, _)| from.as_str()),
         to: starts.as_ref().map(|(_, to)| to.as_str()),
     };
+    let mut sources = crate::commands::source_ids(pipeline, None)?;
+    sources.sort();
     let mut backoff = Backoff::new(&pipeline.retry);
     loop {
-        let mut view = View::new(pipeline, args, range);
+        let mut view = View::new(pipeline, args, sources.clone(), range);
         let read = store
             .status_each(&pipeline.spec.name, ledger_range, |entry| {
                 view.push(entry);
@@ -108,14 +110,13 @@ struct View<'a> {
 }
 
 impl<'a> View<'a> {
-    fn new(pipeline: &'a Pipeline, args: &StatusArgs, range: Option<(Period, Period)>) -> Self {
-        let mut sources: Vec<String> = pipeline
-            .spec
-            .sources
-            .iter()
-            .map(|s| s.id().to_string())
-            .collect();
-        sources.sort();
+    /// `sources`: every source of the pipeline, in the ledger's order.
+    fn new(
+        pipeline: &'a Pipeline,
+        args: &StatusArgs,
+        sources: Vec<String>,
+        range: Option<(Period, Period)>,
+    ) -> Self {
         let expected = range.map(|(from, to)| {
             let periods: Box<dyn Iterator<Item = Period> + Send> =
                 Box::new(Period::range_inclusive(from, to));
