@@ -1,15 +1,14 @@
 //! SQLite behind the ledger's driver boundary: how arguments bind, how
 //! cells read back, and the data plane on the raw handle.
 
-use sqlx::pool::PoolConnection;
-use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
-use sqlx::{Row as _, Sqlite, TypeInfo as _, ValueRef as _};
+use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use tidemark_core::spec::OnMissing;
 use tidemark_core::Error;
 
-use super::{raw, table, SqliteStore};
-use crate::db_error::{db_error, DbResultExt};
-use crate::ledger::driver::{Arg, Cell, Dialect, Driver};
+use super::ffi::HeldConnection;
+use super::{ledger_sql, raw, table, SqliteStore};
+use crate::db_error::DbResultExt;
+use crate::ledger::driver::{Arg, Dialect, Driver, LedgerTx, Record};
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
@@ -23,32 +22,56 @@ use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
 /// 60 s) or ran later statements outside any transaction. A transaction
 /// that is not committed therefore closes its connection instead of
 /// returning it: SQLite rolls back what is left at once.
+///
+/// Statements after `BEGIN` run on the connection's held raw handle
+/// ([`HeldConnection`]): `BEGIN IMMEDIATE` itself goes through sqlx, so a
+/// wait for another writer's lock is spent on sqlx's worker thread, not on
+/// the runtime's; once the lock is taken nothing else waits.
 pub(crate) struct SqliteTx {
-    conn: PoolConnection<Sqlite>,
+    conn: HeldConnection,
     open: bool,
 }
 
 impl SqliteTx {
+    /// Begins on the raw handle when the lock is free at once (no round
+    /// trip to sqlx's worker), else through sqlx, which waits on its own
+    /// thread.
     async fn begin(pool: &SqlitePool, begin: &str) -> Result<SqliteTx, Error> {
-        let mut conn = pool.acquire().await.db()?;
-        match sqlx::query(begin).execute(&mut *conn).await {
-            Ok(_) => Ok(SqliteTx { conn, open: true }),
+        let mut conn = HeldConnection::new(pool.acquire().await.db()?);
+        match begin_on(&mut conn, begin).await {
+            Ok(()) => Ok(SqliteTx { conn, open: true }),
             Err(e) => {
                 conn.close_on_drop();
-                Err(db_error(e))
+                Err(e)
             }
         }
     }
 
+    /// The connection for sqlx (table DDL and checks).
     fn connection(&mut self) -> &mut SqliteConnection {
-        &mut self.conn
+        self.conn.sqlx()
+    }
+
+    /// The transaction's raw connection.
+    async fn raw(&mut self) -> Result<&rusqlite::Connection, Error> {
+        self.conn.raw().await
     }
 
     async fn commit_now(mut self) -> Result<(), Error> {
-        sqlx::query("COMMIT").execute(&mut *self.conn).await.db()?;
+        ledger_sql::execute(self.raw().await?, "COMMIT", &[])?;
         self.open = false;
         Ok(())
     }
+}
+
+/// Begins on the raw handle when the lock is free at once (no round trip to
+/// sqlx's worker), else through sqlx, which waits on its own thread.
+async fn begin_on(conn: &mut HeldConnection, begin: &str) -> Result<(), Error> {
+    if ledger_sql::try_begin(conn.raw().await?, begin)? {
+        return Ok(());
+    }
+    sqlx::query(begin).execute(conn.sqlx()).await.db()?;
+    Ok(())
 }
 
 impl Drop for SqliteTx {
@@ -59,42 +82,30 @@ impl Drop for SqliteTx {
     }
 }
 
-type Query<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>;
-
-/// Binds the arguments: JSON as its text (the columns are TEXT).
-fn bind<'q>(mut query: Query<'q>, args: &'q [Arg<'q>]) -> Query<'q> {
-    for arg in args {
-        query = match *arg {
-            Arg::Int(n) => query.bind(n),
-            Arg::OptInt(n) => query.bind(n),
-            Arg::Float(f) => query.bind(f),
-            Arg::Bool(b) => query.bind(b),
-            Arg::Text(s) => query.bind(s),
-            Arg::OptText(s) => query.bind(s),
-            Arg::Bytes(b) => query.bind(b),
-            Arg::Json(v) => query.bind(v.map(serde_json::Value::to_string)),
-        };
+impl LedgerTx for SqliteTx {
+    async fn execute(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64, Error> {
+        ledger_sql::execute(self.raw().await?, sql, args)
     }
-    query
+
+    async fn fetch_each(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+        each: impl FnMut(Record) -> Result<(), Error> + Send,
+    ) -> Result<(), Error> {
+        ledger_sql::fetch_each(self.raw().await?, sql, args, each)
+    }
+
+    async fn commit(self) -> Result<(), Error> {
+        self.commit_now().await
+    }
 }
 
-/// Reads a cell by the type of the value stored in it: SQLite's columns
-/// are typed by value, not by declaration.
-fn cell(row: &SqliteRow, i: usize) -> Result<Cell, Error> {
-    let raw = row.try_get_raw(i).db()?;
-    if raw.is_null() {
-        return Ok(Cell::Null);
-    }
-    let kind = raw.type_info().name().to_string();
-    Ok(match kind.as_str() {
-        "INTEGER" | "BOOLEAN" => Cell::Int(row.try_get_unchecked(i).db()?),
-        "REAL" => Cell::Float(row.try_get_unchecked(i).db()?),
-        "BLOB" => Cell::Bytes(row.try_get_unchecked(i).db()?),
-        _ => Cell::Text(row.try_get_unchecked(i).db()?),
-    })
-}
-
-crate::ledger::driver::sqlx_ledger_tx!(SqliteTx, bind, cell);
+/// Batches of at least this many rows are written with the runtime told
+/// that the thread blocks (`block_in_place`), so the reader one batch ahead
+/// and the heartbeat go on elsewhere. A smaller batch takes less time than
+/// that hand-over of the worker thread costs.
+const BLOCKING_ROWS: usize = 1_000;
 
 impl Driver for SqliteStore {
     type Tx = SqliteTx;
@@ -159,10 +170,13 @@ impl Driver for SqliteStore {
             run_id: stamp.run_id,
             loaded_at: &loaded_at,
         };
-        let written = raw::with_raw(tx.connection(), |c| {
-            raw::write_rows(c, schema, &stamp, &batch.rows, rendered)
-        })
-        .await?;
+        let conn = tx.raw().await?;
+        let write = || raw::write_rows(conn, schema, &stamp, &batch.rows, rendered);
+        let written = if batch.rows.len() >= BLOCKING_ROWS {
+            raw::blocking(write)?
+        } else {
+            write()?
+        };
         Ok(BatchOutcome {
             written,
             direct_copy_conflict: false,
@@ -176,10 +190,8 @@ impl Driver for SqliteStore {
         lineage: &Lineage,
         existing: &StoredHashes,
     ) -> Result<(u64, Vec<i64>), Error> {
-        raw::with_raw(tx.connection(), |c| {
-            raw::vanished_rows(c, schema, lineage, existing)
-        })
-        .await
+        let conn = tx.raw().await?;
+        raw::blocking(|| raw::vanished_rows(conn, schema, lineage, existing))
     }
 
     async fn remove_vanished(

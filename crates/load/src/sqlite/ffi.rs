@@ -1,5 +1,6 @@
 //! Every raw call into SQLite, in one place: borrowing sqlx's connection
-//! handle for rusqlite, the WAL commit hook, and the statement that binds
+//! handle for rusqlite (for one call, or held by a transaction:
+//! [`HeldConnection`]), the WAL commit hook, and the statement that binds
 //! texts in place ([`statement`]). `unsafe` is allowed in this module and
 //! nowhere else in the workspace; the rest of the SQLite backend uses what
 //! it exports through safe signatures.
@@ -15,7 +16,9 @@ mod statement;
 use std::ffi::{c_char, c_int, c_void};
 
 use rusqlite::{ffi, Connection};
-use sqlx::SqliteConnection;
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::LockedSqliteHandle;
+use sqlx::{Sqlite, SqliteConnection};
 use tidemark_core::Error;
 
 use crate::db_error::DbResultExt;
@@ -44,6 +47,74 @@ pub(super) async fn with_raw<R>(
     drop(borrowed);
     drop(handle);
     result
+}
+
+/// A pooled connection whose raw handle a transaction holds from its first
+/// raw statement until it ends or goes back to sqlx.
+///
+/// Each statement sent through sqlx is a round trip to the connection's
+/// worker thread (two thread wake-ups), and so is each borrow of the raw
+/// handle. A small period's ledger work is about a dozen short statements
+/// in two transactions, and those wake-ups were most of its time (`perf`:
+/// 40% of a 2,000-period backfill in the scheduler's context switches).
+/// Holding the handle for the rest of the transaction makes every later
+/// statement a plain function call.
+pub(super) struct HeldConnection {
+    // Declared first, so dropped first: the hold ends before the
+    // connection goes back to the pool.
+    held: Option<Held>,
+    conn: Box<PoolConnection<Sqlite>>,
+}
+
+struct Held {
+    // Dropped before the lock: finalizes the statements it prepared.
+    raw: Connection,
+    _lock: LockedSqliteHandle<'static>,
+}
+
+impl HeldConnection {
+    pub(super) fn new(conn: PoolConnection<Sqlite>) -> HeldConnection {
+        HeldConnection {
+            held: None,
+            conn: Box::new(conn),
+        }
+    }
+
+    /// The connection for sqlx: the raw hold ends first (sqlx's worker
+    /// would wait for it forever).
+    pub(super) fn sqlx(&mut self) -> &mut SqliteConnection {
+        self.held = None;
+        &mut self.conn
+    }
+
+    /// The raw connection, held until [`HeldConnection::sqlx`] or drop.
+    pub(super) async fn raw(&mut self) -> Result<&Connection, Error> {
+        let held = match self.held.take() {
+            Some(held) => held,
+            None => {
+                let handle = self.conn.lock_handle().await.db()?;
+                // SAFETY: the lock borrows the boxed connection, which does
+                // not move and outlives it: `held` is dropped before `conn`
+                // (field order) and cleared before any other use of `conn`
+                // (`sqlx`, `close_on_drop`), so nothing else touches the
+                // connection while the lock exists.
+                let mut lock: LockedSqliteHandle<'static> = unsafe { std::mem::transmute(handle) };
+                let ptr = SAME_LIBRARY(lock.as_raw_handle().as_ptr());
+                // SAFETY: as in `with_raw`: only this connection's holder
+                // uses the handle while the lock exists, and `from_handle`
+                // never closes it.
+                let raw = unsafe { Connection::from_handle(ptr) }.db()?;
+                Held { raw, _lock: lock }
+            }
+        };
+        Ok(&self.held.insert(held).raw)
+    }
+
+    /// Closes the connection when dropped instead of returning it.
+    pub(super) fn close_on_drop(&mut self) {
+        self.held = None;
+        self.conn.close_on_drop();
+    }
 }
 
 /// Wakes the background checkpointer when a commit leaves the WAL at
@@ -96,7 +167,7 @@ unsafe extern "C" fn on_wal_commit(
 
 /// Runs synchronous database work without stalling the other tasks of a
 /// multi-threaded runtime (the heartbeat, the reader one batch ahead).
-fn blocking<R>(work: impl FnOnce() -> R) -> R {
+pub(super) fn blocking<R>(work: impl FnOnce() -> R) -> R {
     use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current() {
         Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {

@@ -9,10 +9,12 @@
 //! - `driver`: the ledger's type mapping and the data plane behind
 //!   [`crate::ledger::driver::Driver`];
 //! - `table`, `raw`: destination tables and the row-by-row fast paths;
+//! - `ledger_sql`: ledger statements on a transaction's held raw handle;
 //! - `ffi`: every raw call into SQLite (the one place `unsafe` is allowed).
 
 pub(crate) mod driver;
 mod ffi;
+mod ledger_sql;
 mod open;
 mod raw;
 mod table;
@@ -27,6 +29,9 @@ use tidemark_core::Error;
 use crate::retry_while;
 use ffi::WalSignal;
 use open::{checkpoint_in_background, open_pool, MIGRATE_DEADLINE, WAL_CHECKPOINT_FRAMES};
+
+/// How long a statement waits for another connection's lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A pool of connections to one SQLite file.
 #[derive(Debug, Clone)]
@@ -59,7 +64,7 @@ impl SqliteStore {
             .page_size(8192)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(60))
+            .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true)
             .pragma("cache_size", "-16384");
         // One signal per store, alive for the rest of the program: the
@@ -90,7 +95,7 @@ impl SqliteStore {
             .map_err(|e| Error::config("command line", "--database-url", e.to_string()))?
             .create_if_missing(false)
             .read_only(true)
-            .busy_timeout(Duration::from_secs(60));
+            .busy_timeout(BUSY_TIMEOUT);
         if !options.get_filename().exists() {
             return Ok(None);
         }
