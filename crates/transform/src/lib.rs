@@ -73,6 +73,9 @@ mod plan;
 /// re-exported here because [`Transformer::transform`] produces it.
 pub use tidemark_core::value::Row;
 
+use std::sync::Arc;
+
+use tidemark_core::record::{csv_position, CsvHeaders};
 use tidemark_core::template::TemplateContext;
 use tidemark_core::{
     Error, FieldType, Period, Pipeline, RawData, RawRecord, RawValue, RowShape, Value,
@@ -168,7 +171,7 @@ impl Transformer {
     /// Types one raw record. A row the reader could not decode fails with
     /// the reader's error, so it is rejected like any invalid row.
     pub fn transform(&self, record: &RawRecord) -> Result<Row, Error> {
-        self.typed(record, None)
+        self.typed(record, None, None)
     }
 
     /// An empty [`Presence`] for one batch.
@@ -176,6 +179,7 @@ impl Transformer {
         Presence {
             held: vec![false; self.columns.len()],
             json_records: 0,
+            csv: None,
         }
     }
 
@@ -187,11 +191,15 @@ impl Transformer {
         record: &RawRecord,
         presence: &mut Presence,
     ) -> Result<Row, Error> {
+        if let Some(headers) = record.csv_headers() {
+            let positions = presence.csv_positions(headers, &self.columns);
+            return self.typed(record, None, Some(positions));
+        }
         if !matches!(record.data, RawData::Json(_)) {
-            return self.typed(record, None);
+            return self.typed(record, None, None);
         }
         presence.json_records += 1;
-        self.typed(record, Some(&mut presence.held))
+        self.typed(record, Some(&mut presence.held), None)
     }
 
     /// The fields no JSON record of a batch held, among those that read the
@@ -210,7 +218,14 @@ impl Transformer {
             .collect()
     }
 
-    fn typed(&self, record: &RawRecord, mut held: Option<&mut Vec<bool>>) -> Result<Row, Error> {
+    /// `positions`: where each column is in the record's CSV header row,
+    /// found once per header row; else each cell is looked up by name.
+    fn typed(
+        &self,
+        record: &RawRecord,
+        mut held: Option<&mut Vec<bool>>,
+        positions: Option<&[Option<usize>]>,
+    ) -> Result<Row, Error> {
         if let Some(error) = record.decode_error() {
             return Err(error.clone());
         }
@@ -221,7 +236,8 @@ impl Transformer {
             .enumerate()
             .map(|(i, column)| {
                 let flag = held.as_deref_mut().and_then(|h| h.get_mut(i));
-                column_value(column, record, from_csv, flag)
+                let position = positions.and_then(|p| p.get(i).copied());
+                column_value(column, record, from_csv, flag, position)
             })
             .collect::<Result<Vec<_>, _>>()?;
         for &i in &self.key_indices {
@@ -242,21 +258,47 @@ pub struct Presence {
     /// Per column: some record held the field (even as `null`).
     held: Vec<bool>,
     json_records: u64,
+    /// The CSV header row the batch's records share, and where each
+    /// column is in it.
+    csv: Option<(CsvHeaders, Vec<Option<usize>>)>,
+}
+
+impl Presence {
+    /// Where each column is in `headers`: found once per header row.
+    fn csv_positions(&mut self, headers: &CsvHeaders, columns: &[Column]) -> &[Option<usize>] {
+        let known = matches!(&self.csv, Some((h, _)) if Arc::ptr_eq(h, headers));
+        if !known {
+            let positions = columns
+                .iter()
+                .map(|c| match &c.lookup {
+                    Lookup::Field(selector) => csv_position(headers, selector),
+                    Lookup::Constant(_) => None,
+                })
+                .collect();
+            self.csv = Some((Arc::clone(headers), positions));
+        }
+        self.csv.as_ref().map_or(&[], |(_, p)| p.as_slice())
+    }
 }
 
 /// Reads and types one column of one record, setting `held` when the
-/// record has the field.
+/// record has the field. `position`: the column's place in the record's CSV
+/// header row, when known.
 fn column_value(
     column: &Column,
     record: &RawRecord,
     from_csv: bool,
     held: Option<&mut bool>,
+    position: Option<Option<usize>>,
 ) -> Result<Value, Error> {
     let selector = match &column.lookup {
         Lookup::Constant(value) => return Ok(value.clone()),
         Lookup::Field(selector) => selector,
     };
-    let found = record.get(selector);
+    let found = match position {
+        Some(position) => record.csv_cell_at(position),
+        None => record.get(selector),
+    };
     if let Some(held) = held {
         *held |= !matches!(found, RawValue::Missing);
     }

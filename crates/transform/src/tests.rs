@@ -590,3 +590,54 @@ fn fields_absent_from_every_json_record_of_a_batch_are_named() {
     let _ = t.transform_noting(&csv(&["id"], &["1"]), &mut presence);
     assert!(t.absent_fields(&presence).is_empty());
 }
+
+/// Cells are found by the position of their column in each file's header
+/// row, looked up once per header row: a second file with its columns in
+/// another order, a column missing, a short row, and back to the first
+/// file, all through one batch's `Presence`, read the right cells.
+#[test]
+fn csv_cells_follow_each_header_row_through_one_batch() {
+    let t = transformer(
+        "id = { type = \"int\", required = true }\n\
+         note = { type = \"text\" }\n\
+         fixed = { type = \"text\", value = \"x\" }",
+        "[\"id\"]",
+    )
+    .expect("transformer");
+    let first = Arc::new(csv::StringRecord::from(vec!["id", "note"]));
+    let second = Arc::new(csv::StringRecord::from(vec!["extra", "note", "id"]));
+    let record = |headers: &Arc<csv::StringRecord>, row: &[&str]| RawRecord {
+        data: RawData::Csv {
+            headers: Arc::clone(headers),
+            row: csv::StringRecord::from(row.to_vec()),
+        },
+        origin: origin(3),
+    };
+    let mut presence = t.presence();
+    let mut typed = |r: RawRecord| t.transform_noting(&r, &mut presence).expect("row").values;
+    let text = |s: &str| Value::Text(s.into());
+    assert_eq!(
+        typed(record(&first, &["1", "a"])),
+        [Value::Int(1), text("a"), text("x")]
+    );
+    assert_eq!(
+        typed(record(&second, &["?", "b", "2"])),
+        [Value::Int(2), text("b"), text("x")]
+    );
+    assert_eq!(
+        typed(record(&first, &["3"])),
+        [Value::Int(3), Value::Null, text("x")]
+    );
+    let no_note = Arc::new(csv::StringRecord::from(vec!["id"]));
+    assert_eq!(
+        typed(record(&no_note, &["4"])),
+        [Value::Int(4), Value::Null, text("x")]
+    );
+    // The same answers as the lookup by name.
+    assert_eq!(
+        t.transform(&record(&second, &["?", "b", "2"]))
+            .expect("row")
+            .values,
+        [Value::Int(2), text("b"), text("x")]
+    );
+}
