@@ -1,6 +1,6 @@
 //! The read-and-type half of a run, in its own task: while batch N is being
-//! committed, batch N+1 is read and typed. One prepared batch waits at most,
-//! so memory stays at two batches.
+//! committed, batch N+1 is typed and batch N+2 read. One prepared batch
+//! waits at most, so memory stays at three batches.
 
 use std::sync::Arc;
 
@@ -113,7 +113,7 @@ pub fn rate_gate(
 async fn produce(
     read: &Read,
     store: &Store,
-    transformer: &Transformer,
+    transformer: &Arc<Transformer>,
     tx: &Sender,
 ) -> Result<(), Error> {
     let Read {
@@ -131,11 +131,55 @@ async fn produce(
     })?;
     let gate = rate_gate(store, pipeline, source);
     let mut reader = SourceReader::open(pipeline, source, period, resume.as_ref(), gate).await?;
-    while let Some(batch) = reader.next_batch().await? {
-        let prepared = prepare(transformer, batch.records, batch.checkpoint);
-        if tx.send(Item::Batch(Ok(prepared))).await.is_err() {
+    // The first batch is typed here: a period of one batch (most small
+    // periods) pays no hand-over. Each later batch is typed on the blocking
+    // pool while the next one is read, so a large period's reading and
+    // typing use two cores instead of one (typing and hashing were two
+    // thirds of the reader's time).
+    let Some(first) = reader.next_batch().await? else {
+        let _ = tx
+            .send(Item::End {
+                expected: reader.expected_count(),
+            })
+            .await;
+        return Ok(());
+    };
+    if tx
+        .send(Item::Batch(Ok(prepare(
+            transformer,
+            first.records,
+            first.checkpoint,
+        ))))
+        .await
+        .is_err()
+    {
+        return Ok(()); // the run stopped listening (it failed)
+    }
+    let mut typing: Option<tokio::task::JoinHandle<Prepared>> = None;
+    loop {
+        // The typed batch goes to the writer while the next one is read: a
+        // slow source never holds back the commit of what was read.
+        let deliver = async {
+            let Some(typed) = typing.take() else {
+                return Ok(true);
+            };
+            let prepared = typed.await.map_err(|e| {
+                Error::Invariant(format!(
+                    "typing a batch of {period} ended without rows: {e}"
+                ))
+            })?;
+            Ok::<_, Error>(tx.send(Item::Batch(Ok(prepared))).await.is_ok())
+        };
+        let (next, delivered) = tokio::join!(reader.next_batch(), deliver);
+        if !delivered? {
             return Ok(()); // the run stopped listening (it failed)
         }
+        let Some(batch) = next? else { break };
+        let transformer = Arc::clone(transformer);
+        let span = tracing::Span::current();
+        typing = Some(tokio::task::spawn_blocking(move || {
+            span.in_scope(|| prepare(&transformer, batch.records, batch.checkpoint))
+        }));
     }
     let expected = reader.expected_count();
     let _ = tx.send(Item::End { expected }).await;
