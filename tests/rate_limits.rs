@@ -156,23 +156,27 @@ async fn three_processes_share_one_rate_limit() {
         span >= shared - JITTER,
         "{span:?}: the processes did not share the bucket"
     );
-    // The processes really ran side by side: each one's requests overlap
-    // the others' in time.
+    // The processes really ran side by side: requests of at least two of
+    // them interleave. (Not all three: the bucket is not fair, and under
+    // load one process's first lease can come after the others' last.)
     let per = days / processes;
-    for p in 0..processes {
-        let mine: Vec<&Hit> = hits.iter().filter(|h| process_of(h, per) == p).collect();
-        let others_after = hits
-            .iter()
-            .any(|h| process_of(h, per) != p && h.at > mine[0].at);
-        let others_before = hits
-            .iter()
-            .any(|h| process_of(h, per) != p && h.at < mine[mine.len() - 1].at);
-        assert!(
-            others_after && others_before,
-            "process {p} ran alone: {:?}",
-            hits.iter().map(|h| &h.day).collect::<Vec<_>>()
-        );
-    }
+    let interleaved = (0..processes)
+        .filter(|&p| {
+            let mine: Vec<&Hit> = hits.iter().filter(|h| process_of(h, per) == p).collect();
+            let others_after = hits
+                .iter()
+                .any(|h| process_of(h, per) != p && h.at > mine[0].at);
+            let others_before = hits
+                .iter()
+                .any(|h| process_of(h, per) != p && h.at < mine[mine.len() - 1].at);
+            others_after && others_before
+        })
+        .count();
+    assert!(
+        interleaved >= 2,
+        "the processes ran one after another: {:?}",
+        hits.iter().map(|h| &h.day).collect::<Vec<_>>()
+    );
     let bucket = env
         .db
         .select(&["per_second", "burst"], "FROM _tm_rate_buckets")
