@@ -7,7 +7,6 @@
 //! need more is sorted into a temporary file ([`spill::Spilled`]), so a
 //! period of any size runs in the same memory (ADR 0007).
 
-mod mapped;
 mod memory;
 mod spill;
 

@@ -5,10 +5,9 @@
 //! external merge sort: runs of the budget's size, then one k-way merge),
 //! of 32-byte entries. Memory then holds a sparse directory (the first key
 //! of every block of [`BLOCK`] entries: a quarter of a byte per row), the
-//! "seen" and "written" bits (two bits per row). The file is mapped
-//! ([`super::mapped`]): a lookup binary-searches one block in place, and
-//! the pages the lookups touched are released every [`RELEASE_EVERY`]
-//! keys, so the resident part of the file stays small.
+//! "seen" and "written" bits (two bits per row) and one block. A lookup
+//! reads one block with `pread`; the lookups of a batch go in key order, so
+//! keys that share a block share the read.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -18,16 +17,10 @@ use std::os::unix::fs::FileExt;
 
 use tidemark_core::{Error, Hash128, KeySet};
 
-use super::mapped::Mapped;
 use super::Found;
 
-/// Entries per block of the sorted file (2 KiB): the directory holds the
-/// first key of each.
+/// Entries per block of the sorted file: 2 KiB, one `pread` per lookup.
 const BLOCK: usize = 64;
-
-/// Lookups between two releases of the mapped pages: at most this many
-/// pages (10 MiB) of the file are resident at once.
-const RELEASE_EVERY: usize = 2_500;
 
 /// A sorted-file entry: key hash, row hash (both big-endian).
 const ENTRY: usize = 32;
@@ -127,7 +120,6 @@ impl Runs {
         }
         out.flush().map_err(|e| io_error("writing", e))?;
         drop(out);
-        spilled.mapped = Some(Mapped::new(&sorted).map_err(|e| io_error("mapping", e))?);
         spilled.file = Some(sorted);
         Ok(spilled)
     }
@@ -183,8 +175,9 @@ pub(crate) struct Spilled {
     /// Rows this run wrote since the start: their stored hash is stale.
     written: Vec<u64>,
     unseen: usize,
-    /// The sorted file, mapped once the merge wrote it.
-    mapped: Option<Mapped>,
+    /// The block last read, and which one it is.
+    block: Vec<u8>,
+    block_no: Option<usize>,
     /// The keys not seen, once the run reconciles.
     unseen_keys: Option<KeySet>,
 }
@@ -214,7 +207,8 @@ impl Spilled {
             seen: vec![0; len.div_ceil(64)],
             written: vec![0; len.div_ceil(64)],
             unseen: 0,
-            mapped: None,
+            block: Vec::new(),
+            block_no: None,
             unseen_keys: None,
         }
     }
@@ -249,19 +243,26 @@ impl Spilled {
         self.unseen
     }
 
-    /// The entries of block `block_no`.
-    fn block(&self, block_no: usize) -> Result<&[u8], Error> {
+    fn read_block(&mut self, block_no: usize) -> Result<(), Error> {
+        if self.block_no == Some(block_no) {
+            return Ok(());
+        }
         let first = block_no * BLOCK;
         let entries = BLOCK.min(self.len - first);
-        self.mapped
+        self.block.resize(entries * ENTRY, 0);
+        let file = self
+            .file
             .as_ref()
-            .and_then(|m| m.bytes().get(first * ENTRY..(first + entries) * ENTRY))
-            .ok_or_else(|| io_error("reading", std::io::ErrorKind::UnexpectedEof.into()))
+            .ok_or_else(|| io_error("reading", std::io::ErrorKind::NotFound.into()))?;
+        file.read_exact_at(&mut self.block, (first * ENTRY) as u64)
+            .map_err(|e| io_error("reading", e))?;
+        self.block_no = Some(block_no);
+        Ok(())
     }
 
     /// Where `key` is and its stored row hash (`None` once this run wrote
     /// the row: the database then compares).
-    fn find(&self, key: Hash128) -> Result<Option<Found>, Error> {
+    fn find(&mut self, key: Hash128) -> Result<Option<Found>, Error> {
         let Some(block_no) = self
             .directory
             .partition_point(|first| *first <= key)
@@ -269,18 +270,18 @@ impl Spilled {
         else {
             return Ok(None);
         };
-        let block = self.block(block_no)?;
-        let entries = block.len() / ENTRY;
+        self.read_block(block_no)?;
+        let entries = self.block.len() / ENTRY;
         let (mut lo, mut hi) = (0, entries);
         while lo < hi {
             let mid = (lo + hi) / 2;
-            let at = hash_at(&block[mid * ENTRY..]);
+            let at = hash_at(&self.block[mid * ENTRY..]);
             match at.cmp(&key) {
                 std::cmp::Ordering::Less => lo = mid + 1,
                 std::cmp::Ordering::Greater => hi = mid,
                 std::cmp::Ordering::Equal => {
                     let position = block_no * BLOCK + mid;
-                    let row = hash_at(&block[mid * ENTRY + 16..]);
+                    let row = hash_at(&self.block[mid * ENTRY + 16..]);
                     let row_hash = (!bit(&self.written, position)).then_some(row);
                     return Ok(Some(Found { position, row_hash }));
                 }
@@ -295,13 +296,8 @@ impl Spilled {
         let mut order: Vec<usize> = (0..keys.len()).collect();
         order.sort_unstable_by_key(|&i| keys[i]);
         let mut found = vec![None; keys.len()];
-        for chunk in order.chunks(RELEASE_EVERY) {
-            for &i in chunk {
-                found[i] = self.find(keys[i])?;
-            }
-            if let Some(mapped) = &self.mapped {
-                mapped.release();
-            }
+        for i in order {
+            found[i] = self.find(keys[i])?;
         }
         Ok(found)
     }
