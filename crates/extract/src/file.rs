@@ -94,32 +94,38 @@ impl FileReader {
     ) -> Result<FileReader, Error> {
         let decoder = Decoder::from_spec(pipeline, spec)?;
         let pattern = FilePattern::render(pipeline, spec, period)?;
-        let shown = pattern.shown.clone();
-        let files = run_blocking(move || pattern.expand()).await??;
-        debug!(source = %spec.id, pattern = %shown, files = files.len(), "matched files");
-        if files.is_empty() && spec.missing == MissingPolicy::Error {
-            return Err(Error::source_permanent(format!("no file matches {shown}")));
-        }
-        let mut state = Box::new(State {
-            files,
-            decoder,
-            batch_size: pipeline.spec.load.batch_size,
-            index: 0,
-            cursor: None,
-            consumed: Xxh3::new(),
-            file_had_records: false,
-            closed: None,
-        });
-        let (back, checked) = with_state(state, State::check_headers).await?;
-        checked?;
-        state = back;
-        if let Some(resume) = resume {
-            let position = Position::from_checkpoint(resume, &state.files)?;
-            debug!(source = %spec.id, file_index = position.file_index, records = position.records, "resuming");
-            let (back, seeked) = with_state(state, move |s| s.seek(&position)).await?;
-            seeked?;
-            state = back;
-        }
+        let (source, missing) = (spec.id.clone(), spec.missing);
+        let batch_size = pipeline.spec.load.batch_size;
+        let resume = resume.cloned();
+        // One hand-over to the blocking pool for all of opening: a small
+        // period's whole read is two (ADR 0007, section 7).
+        let state = run_blocking(move || -> Result<Box<State>, Error> {
+            let files = pattern.expand()?;
+            let shown = &pattern.shown;
+            debug!(source = %source, pattern = %shown, files = files.len(), "matched files");
+            if files.is_empty() && missing == MissingPolicy::Error {
+                return Err(Error::source_permanent(format!("no file matches {shown}")));
+            }
+            let mut state = Box::new(State {
+                files,
+                decoder,
+                batch_size,
+                index: 0,
+                cursor: None,
+                consumed: Xxh3::new(),
+                file_had_records: false,
+                closed: None,
+                exhausted: false,
+            });
+            state.check_headers()?;
+            if let Some(resume) = resume {
+                let position = Position::from_checkpoint(&resume, &state.files)?;
+                debug!(source = %source, file_index = position.file_index, records = position.records, "resuming");
+                state.seek(&position)?;
+            }
+            Ok(state)
+        })
+        .await??;
         Ok(FileReader {
             source: spec.id.clone(),
             state: Some(state),
@@ -145,6 +151,9 @@ impl FileReader {
     }
 
     async fn read_batch(&mut self) -> Result<Option<Batch>, Error> {
+        if self.state.as_ref().is_some_and(|s| s.exhausted) {
+            return Ok(None); // known without another hand-over
+        }
         let Some(state) = self.state.take() else {
             return Err(Error::source_permanent(format!(
                 "source {}: the file reader was interrupted during an earlier read; open it again",
@@ -395,6 +404,8 @@ struct State {
     /// identity of the content through its last record: what a checkpoint
     /// after that record names once the file is closed.
     closed: Option<(usize, u64)>,
+    /// Every file was read to its end: the next batch is `None`.
+    exhausted: bool,
 }
 
 impl State {
@@ -427,6 +438,7 @@ impl State {
         let mut last = None;
         while records.len() < self.batch_size {
             let Some(record) = self.next_record()? else {
+                self.exhausted = true;
                 break;
             };
             last = Some((self.index, record.origin.record));
