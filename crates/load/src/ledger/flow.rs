@@ -99,7 +99,13 @@ async fn take<D: Driver>(
             )
         }
         None => {
-            tx.execute(&s.delete_batches, &[Arg::Int(run_ref)]).await?;
+            // Batch rows exist only while `batches` counts them: each is
+            // written with `batches = MAX(batches, n)` and every reset to 0
+            // deletes them in the same transaction. A key that never
+            // committed a batch (every first run) has none to delete.
+            if row.int("batches")? > 0 {
+                tx.execute(&s.delete_batches, &[Arg::Int(run_ref)]).await?;
+            }
             (new_run_id(), Counts::default(), 0, KeySet::default(), None)
         }
     };
