@@ -100,6 +100,15 @@ fn assert_stopped_on_full_disk(out: &crate::support::Out) {
     );
 }
 
+/// A small disk of `size` in the test's folder, the SQLite file on it,
+/// and that file's URL.
+fn sqlite_on_small_disk(env: &Env, size: &str) -> (SmallDisk, PathBuf, String) {
+    let disk = SmallDisk::mount(&env.path("small-disk"), size);
+    let file = disk.path.join("t.db");
+    let url = format!("sqlite://{}", file.display());
+    (disk, file, url)
+}
+
 /// After more space: every period done exactly once.
 async fn assert_recovers(env: &Env, url: &str) {
     january(env, url).expect_code(0, "backfill after freeing space");
@@ -115,9 +124,7 @@ async fn full_disk_fails_fast_stops_claiming_and_recovers_sqlite() {
     // The ledger's migrations go in first, on a roomy disk, which then
     // shrinks to what they use plus a little: the disk fills during the
     // backfill, whatever the migrations weigh.
-    let disk = SmallDisk::mount(&env.path("small-disk"), "64M");
-    let file = disk.path.join("t.db");
-    let url = format!("sqlite://{}", file.display());
+    let (disk, file, url) = sqlite_on_small_disk(&env, "64M");
     env.tidemark_at(&url, &["migrate"])
         .expect_code(0, "migrate on the roomy disk");
     disk.resize(&format!("{}k", disk.used_kib() + 96));
@@ -142,9 +149,7 @@ async fn full_disk_fails_fast_stops_claiming_and_recovers_sqlite() {
 #[tokio::test]
 async fn full_disk_during_migration_fails_fast_and_recovers_sqlite() {
     let mut env = Env::orders(Backend::Sqlite).await;
-    let disk = SmallDisk::mount(&env.path("small-disk"), "96k");
-    let file = disk.path.join("t.db");
-    let url = format!("sqlite://{}", file.display());
+    let (disk, file, url) = sqlite_on_small_disk(&env, "96k");
     let out = january(&env, &url);
     out.expect_code(1, "backfill onto a disk too small for the ledger");
     assert!(

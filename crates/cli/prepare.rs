@@ -131,31 +131,13 @@ async fn produce(
     })?;
     let gate = rate_gate(store, pipeline, source);
     let mut reader = SourceReader::open(pipeline, source, period, resume.as_ref(), gate).await?;
-    // The first batch is typed here: a period of one batch (most small
-    // periods) pays no hand-over. Each later batch is typed on the blocking
-    // pool while the next one is read, so a large period's reading and
-    // typing use two cores instead of one (typing and hashing were two
-    // thirds of the reader's time).
-    let Some(first) = reader.next_batch().await? else {
-        let _ = tx
-            .send(Item::End {
-                expected: reader.expected_count(),
-            })
-            .await;
-        return Ok(());
-    };
-    if tx
-        .send(Item::Batch(Ok(prepare(
-            transformer,
-            first.records,
-            first.checkpoint,
-        ))))
-        .await
-        .is_err()
-    {
-        return Ok(()); // the run stopped listening (it failed)
-    }
+    // Each batch after the first is typed on the blocking pool while the
+    // next one is read, so a large period's reading and typing use two
+    // cores instead of one (typing and hashing were two thirds of the
+    // reader's time); the first is typed here, so a period of one batch
+    // (most small periods) pays no hand-over.
     let mut typing: Option<tokio::task::JoinHandle<Prepared>> = None;
+    let mut first = true;
     loop {
         // The typed batch goes to the writer while the next one is read: a
         // slow source never holds back the commit of what was read.
@@ -175,6 +157,13 @@ async fn produce(
             return Ok(()); // the run stopped listening (it failed)
         }
         let Some(batch) = next? else { break };
+        if std::mem::take(&mut first) {
+            let prepared = prepare(transformer, batch.records, batch.checkpoint);
+            if tx.send(Item::Batch(Ok(prepared))).await.is_err() {
+                return Ok(());
+            }
+            continue;
+        }
         let transformer = Arc::clone(transformer);
         let span = tracing::Span::current();
         typing = Some(tokio::task::spawn_blocking(move || {

@@ -115,7 +115,6 @@ impl FileReader {
                 consumed: Xxh3::new(),
                 file_had_records: false,
                 closed: None,
-                exhausted: false,
             });
             state.check_headers()?;
             if let Some(resume) = resume {
@@ -151,7 +150,7 @@ impl FileReader {
     }
 
     async fn read_batch(&mut self) -> Result<Option<Batch>, Error> {
-        if self.state.as_ref().is_some_and(|s| s.exhausted) {
+        if self.state.as_ref().is_some_and(|s| s.exhausted()) {
             return Ok(None); // known without another hand-over
         }
         let Some(state) = self.state.take() else {
@@ -404,11 +403,14 @@ struct State {
     /// identity of the content through its last record: what a checkpoint
     /// after that record names once the file is closed.
     closed: Option<(usize, u64)>,
-    /// Every file was read to its end: the next batch is `None`.
-    exhausted: bool,
 }
 
 impl State {
+    /// Every file was read to its end: the next batch is `None`.
+    fn exhausted(&self) -> bool {
+        self.index >= self.files.len()
+    }
+
     /// Reads the header of every regular CSV file before any record is
     /// handed out, so a column missing from the third file of a glob
     /// (source drift) fails the period before the first file's rows are
@@ -438,7 +440,6 @@ impl State {
         let mut last = None;
         while records.len() < self.batch_size {
             let Some(record) = self.next_record()? else {
-                self.exhausted = true;
                 break;
             };
             last = Some((self.index, record.origin.record));

@@ -1,5 +1,5 @@
-//! SQLite behind the ledger's driver boundary: how arguments bind, how
-//! cells read back, and the data plane on the raw handle.
+//! SQLite behind the ledger's driver boundary: its transactions (their
+//! statements run in `ledger_sql`) and the data plane on the raw handle.
 
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use tidemark_core::spec::OnMissing;
@@ -23,19 +23,19 @@ use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
 /// that is not committed therefore closes its connection instead of
 /// returning it: SQLite rolls back what is left at once.
 ///
-/// Statements after `BEGIN` run on the connection's held raw handle
-/// ([`HeldConnection`]): `BEGIN IMMEDIATE` itself goes through sqlx, so a
-/// wait for another writer's lock is spent on sqlx's worker thread, not on
-/// the runtime's; once the lock is taken nothing else waits.
+/// Its statements run on the connection's held raw handle
+/// ([`HeldConnection`]); only a `BEGIN` that has to wait for another
+/// writer's lock goes through sqlx ([`begin_on`]), so the wait is spent on
+/// sqlx's worker thread, not on the runtime's. Once the lock is taken
+/// nothing else waits.
 pub(crate) struct SqliteTx {
     conn: HeldConnection,
     open: bool,
 }
 
 impl SqliteTx {
-    /// Begins on the raw handle when the lock is free at once (no round
-    /// trip to sqlx's worker), else through sqlx, which waits on its own
-    /// thread.
+    /// Begins on a connection of `pool`, which is closed if beginning
+    /// fails (SQLite may have left a transaction on it).
     async fn begin(pool: &SqlitePool, begin: &str) -> Result<SqliteTx, Error> {
         let mut conn = HeldConnection::new(pool.acquire().await.db()?);
         match begin_on(&mut conn, begin).await {
