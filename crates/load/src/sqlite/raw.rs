@@ -22,8 +22,8 @@ use crate::schema::{
 use crate::stored::StoredHashes;
 use crate::writer::{Lineage, StoredRow, Write, WriteCounts};
 
+pub(super) use super::ffi::blocking;
 use super::ffi::BorrowingStatement;
-pub(super) use super::ffi::{blocking, with_raw};
 
 /// Parameter numbers shared by the insert and update statements: `?1..?n`
 /// are the `[fields]` values, then the lineage columns in table order.
@@ -170,6 +170,47 @@ impl<'c, 'd> RowStatement<'c, 'd> {
         self.statement
             .bind_text(self.params.row_hash(), texts.next())?;
         self.statement.execute()
+    }
+}
+
+/// A write statement prepared at its first use. A first load only inserts:
+/// preparing the two `UPDATE`s it never runs was most of the statement
+/// preparation of a small period (each names every column and the
+/// ownership rule).
+struct OnDemand<'c, 'd> {
+    conn: &'c Connection,
+    sql: String,
+    schema: &'d TableSchema,
+    stamp: &'d Stamp<'d>,
+    statement: Option<RowStatement<'c, 'd>>,
+}
+
+impl<'c, 'd> OnDemand<'c, 'd> {
+    fn new(
+        conn: &'c Connection,
+        sql: String,
+        schema: &'d TableSchema,
+        stamp: &'d Stamp<'d>,
+    ) -> Self {
+        OnDemand {
+            conn,
+            sql,
+            schema,
+            stamp,
+            statement: None,
+        }
+    }
+
+    fn get(&mut self) -> Result<&mut RowStatement<'c, 'd>, Error> {
+        match &mut self.statement {
+            Some(statement) => Ok(statement),
+            slot => Ok(slot.insert(RowStatement::prepare(
+                self.conn,
+                &self.sql,
+                self.schema,
+                self.stamp,
+            )?)),
+        }
     }
 }
 
@@ -347,19 +388,18 @@ fn is_unique_violation(err: &rusqlite::Error) -> bool {
 /// as superseded.
 pub(super) fn write_rows<'d>(
     conn: &Connection,
-    schema: &TableSchema,
+    schema: &'d TableSchema,
     stamp: &'d Stamp<'d>,
     rows: &'d [(&'d Row, Write)],
     rendered: &'d Rendered,
 ) -> Result<WriteCounts, Error> {
     let mut insert = RowStatement::prepare(conn, &insert_sql(schema), schema, stamp)?;
-    let mut update = RowStatement::prepare(conn, &update_sql(schema, false), schema, stamp)?;
-    let mut update_if_different =
-        RowStatement::prepare(conn, &update_sql(schema, true), schema, stamp)?;
+    let mut update = OnDemand::new(conn, update_sql(schema, false), schema, stamp);
+    let mut update_if_different = OnDemand::new(conn, update_sql(schema, true), schema, stamp);
     let holder = Holder::new(conn, schema);
     let mut written = WriteCounts::default();
     for (n, (row, write)) in rows.iter().enumerate() {
-        if *write == Write::Update && update.execute(row, &mut rendered.row(n)).db()? == 1 {
+        if *write == Write::Update && update.get()?.execute(row, &mut rendered.row(n)).db()? == 1 {
             written.updated += 1;
             continue;
         }
@@ -367,6 +407,7 @@ pub(super) fn write_rows<'d>(
             Ok(_) => written.inserted += 1,
             Err(e) if is_unique_violation(&e) => {
                 if update_if_different
+                    .get()?
                     .execute(row, &mut rendered.row(n))
                     .db()?
                     == 1
@@ -449,7 +490,7 @@ fn scan(
         quote(&schema.table),
         live_rows_of_run_key(schema)
     );
-    let mut statement = conn.prepare(&sql).db()?;
+    let mut statement = conn.prepare_cached(&sql).db()?;
     let mut rows = statement
         .query((
             run_id.unwrap_or_default(),
