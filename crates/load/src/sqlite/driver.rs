@@ -1,13 +1,16 @@
 //! SQLite behind the ledger's driver boundary: its transactions (their
 //! statements run in `ledger_sql`) and the data plane on the raw handle.
 
-use sqlx::sqlite::{SqliteConnection, SqlitePool};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::sqlite::SqliteConnection;
 use tidemark_core::spec::OnMissing;
 use tidemark_core::Error;
 
 use super::ffi::HeldConnection;
-use super::{ledger_sql, raw, table, SqliteStore};
-use crate::db_error::DbResultExt;
+use super::kept::Kept;
+use super::{ledger_sql, raw, table, SqliteStore, BUSY_TIMEOUT};
 use crate::ledger::driver::{Arg, Dialect, Driver, LedgerTx, Record};
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
@@ -24,22 +27,26 @@ use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
 /// returning it: SQLite rolls back what is left at once.
 ///
 /// Its statements run on the connection's held raw handle
-/// ([`HeldConnection`]); only a `BEGIN` that has to wait for another
-/// writer's lock goes through sqlx ([`begin_on`]), so the wait is spent on
-/// sqlx's worker thread, not on the runtime's. Once the lock is taken
-/// nothing else waits.
+/// ([`HeldConnection`]), and a committed transaction leaves the connection,
+/// still held and with its statements prepared, to the next one
+/// ([`Kept`]). A `BEGIN` that finds another writer's lock taken waits on
+/// the runtime's timer, not on a thread ([`begin_on`]).
 pub(crate) struct SqliteTx {
-    conn: HeldConnection,
-    open: bool,
+    /// `None` once committed.
+    conn: Option<HeldConnection>,
+    kept: Arc<Kept>,
 }
 
 impl SqliteTx {
-    /// Begins on a connection of `pool`, which is closed if beginning
-    /// fails (SQLite may have left a transaction on it).
-    async fn begin(pool: &SqlitePool, begin: &str) -> Result<SqliteTx, Error> {
-        let mut conn = HeldConnection::new(pool.acquire().await.db()?);
+    /// Begins on a kept connection or one of `pool`, which is closed if
+    /// beginning fails (SQLite may have left a transaction on it).
+    async fn begin(store: &SqliteStore, begin: &str) -> Result<SqliteTx, Error> {
+        let mut conn = store.kept.take(&store.pool).await?;
         match begin_on(&mut conn, begin).await {
-            Ok(()) => Ok(SqliteTx { conn, open: true }),
+            Ok(()) => Ok(SqliteTx {
+                conn: Some(conn),
+                kept: Arc::clone(&store.kept),
+            }),
             Err(e) => {
                 conn.close_on_drop();
                 Err(e)
@@ -47,37 +54,65 @@ impl SqliteTx {
         }
     }
 
+    fn held(&mut self) -> &mut HeldConnection {
+        self.conn
+            .as_mut()
+            .expect("a transaction is used only until it commits")
+    }
+
     /// The connection for sqlx (table DDL and checks).
     fn connection(&mut self) -> &mut SqliteConnection {
-        self.conn.sqlx()
+        self.held().sqlx()
     }
 
     /// The transaction's raw connection.
     async fn raw(&mut self) -> Result<&rusqlite::Connection, Error> {
-        self.conn.raw().await
+        self.held().raw().await
     }
 
     async fn commit_now(mut self) -> Result<(), Error> {
         ledger_sql::execute(self.raw().await?, "COMMIT", &[])?;
-        self.open = false;
+        if let Some(conn) = self.conn.take() {
+            self.kept.keep(conn);
+        }
         Ok(())
     }
 }
 
-/// Begins on the raw handle when the lock is free at once (no round trip to
-/// sqlx's worker), else through sqlx, which waits on its own thread.
+/// The longest pause between two tries of a `BEGIN` that found the write
+/// lock taken. SQLite's own busy handler, which this replaces for `BEGIN`,
+/// sleeps 1 ms growing to 100 ms; a shorter ceiling notices a short
+/// transaction's end sooner.
+const BEGIN_PAUSE_MAX: Duration = Duration::from_millis(20);
+
+/// Begins on the raw handle, trying again after a pause on the runtime's
+/// timer while another connection holds the write lock, for as long as
+/// the busy timeout. SQLite's busy handler would wait inside the call,
+/// holding a runtime thread, and waiting through sqlx instead would end
+/// the hold, and with it the connection's prepared statements.
 async fn begin_on(conn: &mut HeldConnection, begin: &str) -> Result<(), Error> {
-    if ledger_sql::try_begin(conn.raw().await?, begin)? {
-        return Ok(());
+    let deadline = tokio::time::Instant::now() + BUSY_TIMEOUT;
+    let mut pause = Duration::from_millis(1);
+    while !ledger_sql::try_begin(conn.raw().await?, begin)? {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Database {
+                message: format!(
+                    "database is locked: another connection held the write lock for {} s",
+                    BUSY_TIMEOUT.as_secs()
+                ),
+                transient: true,
+            });
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(BEGIN_PAUSE_MAX);
     }
-    sqlx::query(begin).execute(conn.sqlx()).await.db()?;
     Ok(())
 }
 
 impl Drop for SqliteTx {
     fn drop(&mut self) {
-        if self.open {
-            self.conn.close_on_drop();
+        if let Some(conn) = &mut self.conn {
+            conn.close_on_drop();
         }
     }
 }
@@ -115,11 +150,11 @@ impl Driver for SqliteStore {
     const DIALECT: Dialect = Dialect::Sqlite;
 
     async fn begin(&self) -> Result<SqliteTx, Error> {
-        SqliteTx::begin(&self.pool, "BEGIN IMMEDIATE").await
+        SqliteTx::begin(self, "BEGIN IMMEDIATE").await
     }
 
     async fn begin_read(&self) -> Result<SqliteTx, Error> {
-        SqliteTx::begin(&self.pool, "BEGIN").await
+        SqliteTx::begin(self, "BEGIN").await
     }
 
     /// Checks or creates the table on one connection, under the write lock,
@@ -137,11 +172,11 @@ impl Driver for SqliteStore {
         run_id: Option<&str>,
         each: impl FnMut(StoredRow) -> Result<(), Error> + Send,
     ) -> Result<(), Error> {
-        let mut conn = self.pool.acquire().await.db()?;
-        raw::with_raw(&mut conn, |c| {
-            raw::stored_rows(c, schema, lineage, run_id, each)
-        })
-        .await
+        let mut conn = self.kept.take(&self.pool).await?;
+        let raw = conn.raw().await?;
+        raw::blocking(|| raw::stored_rows(raw, schema, lineage, run_id, each))?;
+        self.kept.keep(conn);
+        Ok(())
     }
 
     /// Renders decimals, times, JSON and row hashes as the text SQLite

@@ -1,5 +1,5 @@
 //! Every raw call into SQLite, in one place: borrowing sqlx's connection
-//! handle for rusqlite (for one call, or held by a transaction:
+//! handle for rusqlite (held by a transaction and kept between them:
 //! [`HeldConnection`]), the WAL commit hook, and the statement that binds
 //! texts in place ([`statement`]). `unsafe` is allowed in this module and
 //! nowhere else in the workspace; the rest of the SQLite backend uses what
@@ -30,27 +30,15 @@ pub(super) use statement::BorrowingStatement;
 /// others stops the build at this line, not in a crash.
 const SAME_LIBRARY: fn(*mut libsqlite3_sys::sqlite3) -> *mut ffi::sqlite3 = |handle| handle;
 
-/// Runs `work` on `conn`'s raw SQLite handle. Inside a transaction, the work
-/// is part of it.
-pub(super) async fn with_raw<R>(
-    conn: &mut SqliteConnection,
-    work: impl FnOnce(&Connection) -> Result<R, Error>,
-) -> Result<R, Error> {
-    let mut handle = conn.lock_handle().await.db()?;
-    let raw = handle.as_raw_handle();
-    // SAFETY: `handle` keeps sqlx's worker off this connection until it is
-    // dropped, after `borrowed`, so only this thread uses the handle.
-    // `from_handle` does not take ownership: dropping `borrowed` finalizes
-    // the statements it prepared and never closes the database.
-    let borrowed = unsafe { Connection::from_handle(SAME_LIBRARY(raw.as_ptr())) }.db()?;
-    let result = blocking(|| work(&borrowed));
-    drop(borrowed);
-    drop(handle);
-    result
-}
+/// Statements a held connection keeps prepared: every ledger statement
+/// and a run's stored-rows query, with room to spare (rusqlite's default
+/// of 16 is fewer than the ledger has).
+const STATEMENT_CACHE: usize = 64;
 
-/// A pooled connection whose raw handle a transaction holds from its first
-/// raw statement until it ends or goes back to sqlx.
+/// A pooled connection whose raw handle is held from its first raw
+/// statement until it goes back to sqlx or to the pool: through a
+/// transaction, and between transactions while it is kept
+/// (`super::kept::Kept`), so its prepared statements outlive each one.
 ///
 /// Each statement sent through sqlx is a round trip to the connection's
 /// worker thread (two thread wake-ups), and so is each borrow of the raw
@@ -100,10 +88,12 @@ impl HeldConnection {
                 // connection while the lock exists.
                 let mut lock: LockedSqliteHandle<'static> = unsafe { std::mem::transmute(handle) };
                 let ptr = SAME_LIBRARY(lock.as_raw_handle().as_ptr());
-                // SAFETY: as in `with_raw`: only this connection's holder
-                // uses the handle while the lock exists, and `from_handle`
-                // never closes it.
+                // SAFETY: only this connection's holder uses the handle
+                // while the lock exists, and `from_handle` does not take
+                // ownership: dropping `raw` finalizes the statements it
+                // prepared and never closes the database.
                 let raw = unsafe { Connection::from_handle(ptr) }.db()?;
+                raw.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
                 Held { raw, _lock: lock }
             }
         };

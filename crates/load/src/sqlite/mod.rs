@@ -10,10 +10,13 @@
 //!   [`crate::ledger::driver::Driver`];
 //! - `table`, `raw`: destination tables and the row-by-row fast paths;
 //! - `ledger_sql`: ledger statements on a transaction's held raw handle;
+//! - `kept`: held connections kept between transactions, with their
+//!   prepared statements;
 //! - `ffi`: every raw call into SQLite (the one place `unsafe` is allowed).
 
 pub(crate) mod driver;
 mod ffi;
+mod kept;
 mod ledger_sql;
 mod open;
 mod raw;
@@ -28,15 +31,22 @@ use tidemark_core::Error;
 
 use crate::retry_while;
 use ffi::WalSignal;
+use kept::Kept;
 use open::{checkpoint_in_background, open_pool, MIGRATE_DEADLINE, WAL_CHECKPOINT_FRAMES};
 
 /// How long a statement waits for another connection's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Connections kept between transactions: as many as periods write at
+/// once by default on two cores, half the pool (`open::open_pool`).
+const KEPT_CONNECTIONS: usize = 2;
+
 /// A pool of connections to one SQLite file.
 #[derive(Debug, Clone)]
 pub(crate) struct SqliteStore {
     pool: SqlitePool,
+    /// Connections between transactions (see [`Kept`]).
+    kept: std::sync::Arc<Kept>,
     wal_signal: &'static WalSignal,
     /// Opened read-only (dry runs): closing must not checkpoint.
     read_only: bool,
@@ -78,6 +88,7 @@ impl SqliteStore {
         tokio::spawn(checkpoint_in_background(pool.clone(), wal_signal));
         let store = SqliteStore {
             pool,
+            kept: std::sync::Arc::new(Kept::new(KEPT_CONNECTIONS)),
             wal_signal,
             read_only: false,
         };
@@ -102,6 +113,9 @@ impl SqliteStore {
         let pool = open::open_read_only(options).await?;
         let store = SqliteStore {
             pool,
+            // The read-only pool has one connection, which sqlx's own
+            // queries need too.
+            kept: std::sync::Arc::new(Kept::new(0)),
             wal_signal: Box::leak(Box::new(WalSignal {
                 threshold: c_int::MAX,
                 notify: tokio::sync::Notify::new(),
@@ -136,6 +150,7 @@ impl SqliteStore {
     /// none of them may be "last". Waits at most 1 s for another process's
     /// transaction; its own last close checkpoints then.
     pub(crate) async fn close(&self) {
+        self.kept.release_all();
         if self.read_only {
             self.pool.close().await;
             return;
@@ -254,5 +269,40 @@ mod tests {
             file_size()
         );
         store.close().await;
+    }
+
+    /// Closing waits for the pool's connections to come back: one kept
+    /// between transactions comes back at once, and so does one whose
+    /// transaction commits while the store closes (instead of being kept
+    /// for a transaction that never comes, with `close` waiting forever).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn close_gets_back_kept_connections_and_those_of_open_transactions() {
+        use crate::ledger::driver::{Driver, LedgerTx};
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = SqliteStore::connect(&url).await.unwrap();
+        for _ in 0..3 {
+            let mut tx = store.begin().await.unwrap();
+            tx.execute("SELECT 1", &[]).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+        assert_eq!(
+            store.kept.lock_len(),
+            1,
+            "the committed transactions' connection is kept"
+        );
+        let mut open = store.begin().await.unwrap();
+        open.execute("SELECT 1", &[]).await.unwrap();
+        let closing = tokio::spawn({
+            let store = store.clone();
+            async move { store.close().await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        open.commit().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), closing)
+            .await
+            .expect("close waited for a kept connection")
+            .unwrap();
+        assert_eq!(store.kept.lock_len(), 0);
     }
 }
