@@ -193,6 +193,13 @@ async fn budget_scenario(backend: Backend, policy: &str) {
     assert_eq!(counts(&tiny), counts(&roomy), "tiny {tiny}\nroomy {roomy}");
     let c = counts(&tiny);
     assert_eq!((c[1], c[4]), (20, 12), "20 inserted, 12 deleted: {tiny}");
+    // Each of the re-syncs' batches remembered the keys it saw unchanged;
+    // finishing deleted them.
+    assert_eq!(
+        env.db.count("FROM _tm_batches").await,
+        0,
+        "finished runs leave no batch rows"
+    );
 
     // Unchanged (the export as the table now holds it, without the
     // duplicates, which "last" would write twice each time): nothing is

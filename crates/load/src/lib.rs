@@ -316,6 +316,7 @@ impl Store {
     }
 
     /// Reconciles and marks the run done (see [`flow::finish`]).
+    #[allow(clippy::too_many_arguments)] // the run's identity and its end state
     pub(crate) async fn finish_run(
         &self,
         lease: &Lease,
@@ -324,8 +325,9 @@ impl Store {
         existing: &stored::StoredHashes,
         reconcile: &Reconcile,
         counts: Counts,
+        batches: i64,
     ) -> Result<serde_json::Value, Error> {
-        dispatch!(self, s => flow::finish(s, lease, schema, lineage, existing, reconcile, counts).await)
+        dispatch!(self, s => flow::finish(s, lease, schema, lineage, existing, reconcile, counts, batches).await)
     }
 
     /// Starts writing the batches of a claimed run.

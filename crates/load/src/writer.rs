@@ -432,6 +432,7 @@ impl RunWriter {
                 &self.existing,
                 &reconcile,
                 self.counts,
+                self.batches,
             )
             .await?;
         if let Some(deleted) = result

@@ -698,8 +698,18 @@ pub(crate) async fn apply_and_finish<D: Driver>(
     .await?;
     let mut counts = batch.counts;
     outcome.written.apply(&mut counts);
+    // This batch remembers no keys; earlier ones may have (batch rows
+    // exist only while `batches` counts them).
     let result = finish_in::<D>(
-        driver, &mut tx, lease, schema, lineage, existing, reconcile, counts,
+        driver,
+        &mut tx,
+        lease,
+        schema,
+        lineage,
+        existing,
+        reconcile,
+        counts,
+        batch.batch_no > 1,
     )
     .await?;
     tx.commit().await?;
@@ -779,7 +789,9 @@ async fn save_progress<D: Driver>(
 }
 
 /// Reconciles vanished rows per `reconcile` and marks the run done, in one
-/// fenced transaction. Returns the canonical result.
+/// fenced transaction. Returns the canonical result. `batches`: how many
+/// the run has committed.
+#[allow(clippy::too_many_arguments)] // the run's identity and its end state
 pub(crate) async fn finish<D: Driver>(
     driver: &D,
     lease: &Lease,
@@ -788,11 +800,21 @@ pub(crate) async fn finish<D: Driver>(
     existing: &StoredHashes,
     reconcile: &Reconcile,
     counts: Counts,
+    batches: i64,
 ) -> Result<serde_json::Value, Error> {
     let mut tx = driver.begin().await?;
     fence::<D>(&mut tx, lease).await?;
+    // Batch rows exist only while `batches` counts them.
     let result = finish_in::<D>(
-        driver, &mut tx, lease, schema, lineage, existing, reconcile, counts,
+        driver,
+        &mut tx,
+        lease,
+        schema,
+        lineage,
+        existing,
+        reconcile,
+        counts,
+        batches > 0,
     )
     .await?;
     tx.commit().await?;
@@ -810,6 +832,7 @@ async fn finish_in<D: Driver>(
     existing: &StoredHashes,
     reconcile: &Reconcile,
     mut counts: Counts,
+    batch_rows: bool,
 ) -> Result<serde_json::Value, Error> {
     let s = sql::<D>();
     if reconcile.on_missing != OnMissing::Keep {
@@ -825,14 +848,14 @@ async fn finish_in<D: Driver>(
     }
     let finished_at = crate::timestamp_text(chrono::Utc::now());
     let result = result_json(lineage, lease, &counts, &finished_at);
-    save_progress::<D>(tx, lease, &counts, None, 0).await?;
-    tx.execute(
-        &s.finish_run,
-        &[Arg::Json(Some(&result)), Arg::Int(lease.run_ref)],
-    )
-    .await?;
+    let mut args = vec![Arg::Json(Some(&result))];
+    args.extend(count_args(&counts));
+    args.push(Arg::Int(lease.run_ref));
+    tx.execute(&s.finish_run, &args).await?;
     end_attempt::<D>(tx, lease, AttemptStatus::Done, &counts, None).await?;
-    tx.execute(&s.delete_batches, &[Arg::Int(lease.run_ref)])
-        .await?;
+    if batch_rows {
+        tx.execute(&s.delete_batches, &[Arg::Int(lease.run_ref)])
+            .await?;
+    }
     Ok(result)
 }

@@ -328,11 +328,14 @@ impl Statements {
                 count_sets(3),
                 after_counts(3)
             ),
+            // The final counts go with `done`, in the same statement.
             finish_run: format!(
                 "UPDATE _tm_runs SET status = '{}', result = $1, finished_at = {now}, checkpoint = NULL, {release},
-                        failures = 0, not_before = NULL
-                 WHERE id = $2",
-                RunStatus::Done.as_str()
+                        failures = 0, not_before = NULL, {}
+                 WHERE id = ${}",
+                RunStatus::Done.as_str(),
+                count_sets(2),
+                after_counts(2)
             ),
             insert_batch_keys:
                 "INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES ($1, $2, $3, $4)"
