@@ -700,16 +700,9 @@ pub(crate) async fn apply_and_finish<D: Driver>(
     outcome.written.apply(&mut counts);
     // This batch remembers no keys; earlier ones may have (batch rows
     // exist only while `batches` counts them).
+    let rows = batch.batch_no > 1;
     let result = finish_in::<D>(
-        driver,
-        &mut tx,
-        lease,
-        schema,
-        lineage,
-        existing,
-        reconcile,
-        counts,
-        batch.batch_no > 1,
+        driver, &mut tx, lease, schema, lineage, existing, reconcile, counts, rows,
     )
     .await?;
     tx.commit().await?;
@@ -805,16 +798,9 @@ pub(crate) async fn finish<D: Driver>(
     let mut tx = driver.begin().await?;
     fence::<D>(&mut tx, lease).await?;
     // Batch rows exist only while `batches` counts them.
+    let rows = batches > 0;
     let result = finish_in::<D>(
-        driver,
-        &mut tx,
-        lease,
-        schema,
-        lineage,
-        existing,
-        reconcile,
-        counts,
-        batches > 0,
+        driver, &mut tx, lease, schema, lineage, existing, reconcile, counts, rows,
     )
     .await?;
     tx.commit().await?;
