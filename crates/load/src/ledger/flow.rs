@@ -700,9 +700,9 @@ pub(crate) async fn apply_and_finish<D: Driver>(
     outcome.written.apply(&mut counts);
     // This batch remembers no keys; earlier ones may have (batch rows
     // exist only while `batches` counts them).
-    let rows = batch.batch_no > 1;
+    let batch_rows = batch.batch_no > 1;
     let result = finish_in::<D>(
-        driver, &mut tx, lease, schema, lineage, existing, reconcile, counts, rows,
+        driver, &mut tx, lease, schema, lineage, existing, reconcile, counts, batch_rows,
     )
     .await?;
     tx.commit().await?;
@@ -798,9 +798,9 @@ pub(crate) async fn finish<D: Driver>(
     let mut tx = driver.begin().await?;
     fence::<D>(&mut tx, lease).await?;
     // Batch rows exist only while `batches` counts them.
-    let rows = batches > 0;
+    let batch_rows = batches > 0;
     let result = finish_in::<D>(
-        driver, &mut tx, lease, schema, lineage, existing, reconcile, counts, rows,
+        driver, &mut tx, lease, schema, lineage, existing, reconcile, counts, batch_rows,
     )
     .await?;
     tx.commit().await?;

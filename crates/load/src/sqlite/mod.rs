@@ -271,6 +271,36 @@ mod tests {
         store.close().await;
     }
 
+    /// A `BEGIN IMMEDIATE` that finds another connection's write lock
+    /// taken waits for it (on the runtime's timer) and then begins, instead
+    /// of failing at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_begin_waits_for_another_connections_write_lock() {
+        use crate::ledger::driver::{Driver, LedgerTx};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            other.execute_batch("COMMIT").unwrap();
+        });
+        let started = std::time::Instant::now();
+        let mut tx = store.begin().await.expect("waits, then begins");
+        assert!(
+            started.elapsed() >= Duration::from_millis(250),
+            "began after {:?}, while the lock was held",
+            started.elapsed()
+        );
+        tx.execute("SELECT 1", &[]).await.unwrap();
+        tx.commit().await.unwrap();
+        release.join().unwrap();
+        store.close().await;
+    }
+
     /// Closing waits for the pool's connections to come back: one kept
     /// between transactions comes back at once, and so does one whose
     /// transaction commits while the store closes (instead of being kept
