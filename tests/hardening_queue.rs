@@ -14,6 +14,8 @@ backend_tests! {
     interrupted_provisional_key_starts_over_once_due: interrupted_provisional_key_starts_over_once_due_sqlite, interrupted_provisional_key_starts_over_once_due_postgres;
     queue_continues_a_provisional_key_while_open_and_never_runs_other_open_keys: queue_continues_a_provisional_key_while_open_and_never_runs_other_open_keys_sqlite, queue_continues_a_provisional_key_while_open_and_never_runs_other_open_keys_postgres;
     queued_key_never_runs_under_a_changed_export_type: queued_key_never_runs_under_a_changed_export_type_sqlite, queued_key_never_runs_under_a_changed_export_type_postgres;
+    crashed_key_is_not_taken_over_under_a_changed_export_type: crashed_key_is_not_taken_over_under_a_changed_export_type_sqlite, crashed_key_is_not_taken_over_under_a_changed_export_type_postgres;
+    queued_day_is_not_run_as_an_hour_after_a_granularity_change: queued_day_is_not_run_as_an_hour_after_a_granularity_change_sqlite, queued_day_is_not_run_as_an_hour_after_a_granularity_change_postgres;
     unrunnable_queued_key_fails_once_and_the_queue_moves_on: unrunnable_queued_key_fails_once_and_the_queue_moves_on_sqlite, unrunnable_queued_key_fails_once_and_the_queue_moves_on_postgres;
     interrupted_key_is_claimable_despite_an_earlier_backoff: interrupted_key_is_claimable_despite_an_earlier_backoff_sqlite, interrupted_key_is_claimable_despite_an_earlier_backoff_postgres;
     backoff_is_the_database_clock_not_tidemark_now: backoff_is_the_database_clock_not_tidemark_now_sqlite, backoff_is_the_database_clock_not_tidemark_now_postgres;
@@ -536,6 +538,96 @@ async fn queued_key_never_runs_under_a_changed_export_type(backend: Backend) {
         env.db.count("FROM p WHERE _tm_export_type = 't2'").await,
         2 * ROWS as i64
     );
+}
+
+/// A `run` killed with SIGKILL mid-period leaves its key running; the
+/// export type then changes. The worker that takes the crashed key over
+/// (its holder is provably dead) fails it as a configuration error instead
+/// of continuing `t`'s run id with `t2` rows.
+async fn crashed_key_is_not_taken_over_under_a_changed_export_type(backend: Backend) {
+    let env = Env::new(backend).await;
+    base_pipeline(&env, "2024-01-01", "t", &["a"]);
+    env.tidemark(&["migrate"]).expect_code(0, "migrate");
+    let day = "2024-01-01";
+    let path = env.path(format!("data/a/{day}.csv"));
+    let fifo = FifoWriter::create(&path);
+    let mut run = spawn(&env, &[], &[], &["run", "p", "--period", day]);
+    fifo.write(&day_text(day, 0, 12, true));
+    wait_for_batches(&env, "a", day, 2).await;
+    run.child.kill().expect("SIGKILL");
+    run.child.wait().expect("reap");
+    drop(fifo);
+    let _ = fs::remove_file(&path);
+    write_day(&env, "a", day);
+    let row = run_row(&env, "a", day, &["status"]).await;
+    assert_eq!(row[0].as_deref(), Some("running"), "crashed");
+
+    base_pipeline(&env, "2024-01-01", "t2", &["a"]);
+    let out = spawn(&env, &[], &[], &["serve", "--no-schedule", "--drain"])
+        .done(Duration::from_secs(30), "serve --drain");
+    out.expect_code(0, "serve --drain");
+    let row = run_row(&env, "a", day, &["status", "error_class", "error_message"]).await;
+    assert_eq!(
+        (row[0].as_deref(), row[1].as_deref()),
+        (Some("failed"), Some("config")),
+        "{}",
+        tail(&out.stderr, 3000)
+    );
+    assert!(
+        row[2].as_deref().unwrap_or("").contains("\"t2\""),
+        "{row:?}"
+    );
+    assert_eq!(
+        env.db.count("FROM p WHERE _tm_export_type = 't2'").await,
+        0,
+        "no t2 row under t's run id"
+    );
+}
+
+/// Days queued, then the pipeline's granularity becomes `hour`: a day's
+/// start is also an hour's start, but not its end. The queued days fail as
+/// configuration errors; nothing runs as an hour under a day's ledger row.
+async fn queued_day_is_not_run_as_an_hour_after_a_granularity_change(backend: Backend) {
+    let env = Env::new(backend).await;
+    base_pipeline(&env, "2024-01-01", "t", &["a"]);
+    write_day(&env, "a", "2024-01-01");
+    env.tidemark(&[
+        "backfill",
+        "p",
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2024-01-01",
+        "--enqueue",
+    ])
+    .expect_code(0, "enqueue");
+    env.set_option("p", "period", "granularity", "\"hour\"");
+    let out = spawn(&env, &[], &[], &["serve", "--no-schedule", "--drain"])
+        .done(Duration::from_secs(30), "serve --drain");
+    out.expect_code(0, "serve --drain");
+    let row = run_row(
+        &env,
+        "a",
+        "2024-01-01",
+        &["status", "error_class", "error_message"],
+    )
+    .await;
+    assert_eq!(
+        (row[0].as_deref(), row[1].as_deref()),
+        (Some("failed"), Some("config")),
+        "{}",
+        tail(&out.stderr, 3000)
+    );
+    assert!(
+        row[2].as_deref().unwrap_or("").contains("granularity"),
+        "{row:?}"
+    );
+    let loaded = if env.db.table_exists("p").await {
+        env.db.count("FROM p").await
+    } else {
+        0
+    };
+    assert_eq!(loaded, 0);
 }
 
 // ---------------------------------------------------------------------------

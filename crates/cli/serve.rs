@@ -320,7 +320,7 @@ async fn run_queued(shared: &Shared, pipelines: &Pipelines, queued: QueuedRun) {
                     base_delay: Duration::from_millis(100),
                     max_delay: Duration::from_secs(2),
                 },
-                |p| p.retry.clone(),
+                |p| p.retry,
             );
             let run = &queued.run;
             crate::engine::record_failure(&shared.store, &policy, &run.lease, &run.counts, &error)

@@ -769,6 +769,8 @@ fn queue_pipelines() -> Vec<tidemark_load::QueuePipeline> {
         name: "p".into(),
         handler_version: "1".into(),
         fields_fingerprint: pipeline().fields_fingerprint().as_str().to_string(),
+        // Every period of these tests is due.
+        due_before: chrono::Utc::now(),
     }]
 }
 
@@ -788,7 +790,7 @@ async fn enqueue_days(
             priority,
             by: tidemark_load::EnqueuedBy::Backfill,
             requeue,
-            due_at: None,
+            respect_backoff: false,
         })
         .await
         .unwrap()
@@ -827,7 +829,7 @@ async fn queue_claims_by_priority_then_age_once_each(postgres: bool) {
         "priority first, then the order queued"
     );
     assert!(!store
-        .work_left(&["p".to_string()], &request("w1").worker)
+        .work_left(&queue_pipelines(), &request("w1").worker)
         .await
         .unwrap());
     // A key queued for a pipeline this worker does not run is not its.
@@ -971,15 +973,18 @@ async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
 }
 
 /// A failed key records a backoff (`not_before`: one minute, doubling,
-/// capped at a day) from the clock it is given; a scheduler's queueing
-/// respects it, an operator's does not.
+/// capped at a day) from the database's clock (the failure's `finished_at`,
+/// stamped by the same statement); a scheduler's queueing respects it, an
+/// operator's does not.
 async fn failed_key_backs_off_and_only_an_operator_skips_it(postgres: bool) {
     let (db, store, _) = with_table(postgres, &pipeline()).await;
     let p = pipeline();
     let k = key(&p, "2024-01-05");
-    let t0 = chrono::DateTime::parse_from_rfc3339("2030-01-01T00:00:00Z")
-        .unwrap()
-        .with_timezone(&chrono::Utc);
+    let time = |text: Option<&str>| {
+        chrono::DateTime::parse_from_rfc3339(text.unwrap())
+            .unwrap()
+            .with_timezone(&chrono::Utc)
+    };
     let mut waits = Vec::new();
     for _ in 0..13 {
         let run = claimed(store.claim(&k, &request("w1")).await.unwrap());
@@ -988,18 +993,18 @@ async fn failed_key_backs_off_and_only_an_operator_skips_it(postgres: bool) {
                 &run.lease,
                 &Default::default(),
                 &Error::source_permanent("404"),
-                t0,
             )
             .await
             .unwrap();
         let entry = &store.status("p", None).await.unwrap()[0];
-        let not_before =
-            chrono::DateTime::parse_from_rfc3339(entry.not_before.as_deref().unwrap()).unwrap();
-        waits.push((not_before.with_timezone(&chrono::Utc) - t0).num_seconds());
+        let not_before = time(entry.not_before.as_deref());
+        let failed_at = time(entry.finished_at.as_deref());
+        waits.push((not_before - failed_at).num_seconds());
+        assert!(entry.backing_off, "by the database's clock");
     }
     assert_eq!(&waits[..4], &[60, 120, 240, 480]);
     assert_eq!(*waits.last().unwrap(), 86_400, "capped at a day");
-    let schedule = |at: chrono::DateTime<chrono::Utc>| {
+    let schedule = |respect_backoff: bool| {
         let store = store.clone();
         let key = queue_key(&p, "2024-01-05");
         async move {
@@ -1011,18 +1016,32 @@ async fn failed_key_backs_off_and_only_an_operator_skips_it(postgres: bool) {
                     priority: 0,
                     by: tidemark_load::EnqueuedBy::Schedule,
                     requeue: &[tidemark_load::RunStatus::Failed],
-                    due_at: Some(at),
+                    respect_backoff,
                 })
                 .await
                 .unwrap()
         }
     };
-    assert_eq!(schedule(t0).await, 0, "not before its backoff has passed");
-    assert_eq!(
-        schedule(t0 + chrono::Duration::days(2)).await,
-        1,
-        "queued once it has"
-    );
+    assert_eq!(schedule(true).await, 0, "not before its backoff has passed");
+    execute(
+        &db.url,
+        "UPDATE _tm_runs SET not_before = '2000-01-01T00:00:00.000Z'",
+    )
+    .await;
+    assert!(!store.status("p", None).await.unwrap()[0].backing_off);
+    assert_eq!(schedule(true).await, 1, "queued once it has");
+    // An operator queues a failed key at once.
+    let run = claimed(store.claim(&k, &request("w1")).await.unwrap());
+    store
+        .mark_failed(
+            &run.lease,
+            &Default::default(),
+            &Error::source_permanent("404"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(schedule(true).await, 0);
+    assert_eq!(schedule(false).await, 1, "an operator: at once");
     store.close().await;
     db.drop_db().await;
 }
@@ -1221,7 +1240,8 @@ async fn a_large_enqueue_leaves_the_queue_claimed_through_its_index_postgres() {
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let plan: Vec<String> = sqlx::query_scalar(
         "EXPLAIN SELECT id FROM _tm_runs
-         WHERE status = 'pending' AND (not_before IS NULL OR not_before <= now()) AND pipeline IN ('p')
+         WHERE status = 'pending' AND pipeline IN ('p')
+           AND (provisional OR (period_end)::timestamptz <= CASE pipeline WHEN 'p' THEN ('2030-01-01T00:00:00Z')::timestamptz END)
          ORDER BY queue_rank LIMIT 1 FOR UPDATE SKIP LOCKED",
     )
     .fetch_all(&mut c)

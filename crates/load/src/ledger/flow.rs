@@ -884,12 +884,22 @@ async fn finish_in<D: Driver>(
             .remove_vanished(tx, schema, lineage, reconcile.on_missing, &vanished)
             .await?;
     }
-    let finished_at = crate::timestamp_text(chrono::Utc::now());
-    let result = result_json(lineage, lease, &counts, &finished_at);
+    let result = result_json(lineage, lease, &counts);
     let mut args = vec![Arg::Json(Some(&result))];
     args.extend(count_args(&counts));
     args.push(Arg::Int(lease.run_ref));
-    tx.execute(&s.finish_run, &args).await?;
+    // The stored result, with its `finished_at` from the database's clock.
+    let result = fetch_optional(tx, &s.finish_run, &args)
+        .await?
+        .and_then(|row| row.json("result").transpose())
+        .transpose()?
+        .ok_or_else(|| Error::Database {
+            message: format!(
+                "the ledger row of run {} vanished as it finished",
+                lease.run_id
+            ),
+            transient: true,
+        })?;
     end_attempt::<D>(tx, lease, AttemptStatus::Done, &counts, None).await?;
     if batch_rows {
         tx.execute(&s.delete_batches, &[Arg::Int(lease.run_ref)])

@@ -85,6 +85,20 @@ impl Dialect {
         }
     }
 
+    /// The JSON object `param` with its `finished_at` set to the database's
+    /// current time, as SQLite stores times (RFC 3339, UTC, milliseconds).
+    fn with_finished_at(self, param: &str) -> String {
+        match self {
+            Dialect::Postgres => format!(
+                "jsonb_set({param}::jsonb, '{{finished_at}}', \
+                 to_jsonb(to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')))"
+            ),
+            Dialect::Sqlite => {
+                format!("json_set({param}, '$.finished_at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))")
+            }
+        }
+    }
+
     /// The elements of a JSON array parameter as rows, each named `k.value`.
     fn json_rows(self, param: &str) -> String {
         match self {
@@ -184,7 +198,8 @@ pub(crate) struct Statements {
     /// `$1` checkpoint (or NULL to keep it), `$2` batches, then the counts
     /// and the run ref.
     pub save_progress: String,
-    /// `$1` result, `$2` run ref.
+    /// `$1` result, then the counts and the run ref. Returns the stored
+    /// result.
     pub finish_run: String,
     /// `$1` run ref, `$2` run id, `$3` batch number, `$4` key hashes.
     pub insert_batch_keys: String,
@@ -332,12 +347,15 @@ impl Statements {
                 count_sets(3),
                 after_counts(3)
             ),
-            // The final counts go with `done`, in the same statement.
+            // The final counts go with `done`, in the same statement; the
+            // result's `finished_at` is the database's clock, as the column.
             finish_run: format!(
-                "UPDATE _tm_runs SET status = '{}', result = $1, finished_at = {now}, checkpoint = NULL, {release},
-                        failures = 0, not_before = NULL, {}
-                 WHERE id = ${}",
+                "UPDATE _tm_runs SET status = '{}', result = {}, finished_at = {now}, checkpoint = NULL,
+                        {release}, failures = 0, not_before = NULL, {}
+                 WHERE id = ${}
+                 RETURNING result",
                 RunStatus::Done.as_str(),
+                d.with_finished_at("$1"),
                 count_sets(2),
                 after_counts(2)
             ),
