@@ -390,7 +390,7 @@ async fn interrupted_provisional_key_starts_over_once_due(backend: Backend) {
         // them); the period holds the whole file.
         assert_eq!(
             env.db.count("FROM p WHERE id LIKE '2024-01-01-%'").await,
-            ROWS as i64,
+            i64::try_from(ROWS).unwrap(),
             "{resume_by}"
         );
     }
@@ -536,7 +536,7 @@ async fn queued_key_never_runs_under_a_changed_export_type(backend: Backend) {
     .expect_code(0, "backfill t2");
     assert_eq!(
         env.db.count("FROM p WHERE _tm_export_type = 't2'").await,
-        2 * ROWS as i64
+        2 * i64::try_from(ROWS).unwrap()
     );
 }
 
