@@ -116,12 +116,16 @@ fn spawn(env: &Env, wrapper: &[&str], vars: &[(&str, &str)], args: &[&str]) -> P
     cmd.current_dir(env.dir.path())
         .arg("--database-url")
         .arg(env.db.url())
-        .args(args)
-        .env_remove("TIDEMARK_LOG")
-        .env_remove("TIDEMARK_DATABASE_URL")
-        .env_remove("TIDEMARK_NOW")
-        .env_remove("RUST_LOG")
-        .envs(vars.iter().copied())
+        .args(args);
+    for inherited in [
+        "TIDEMARK_LOG",
+        "TIDEMARK_DATABASE_URL",
+        "TIDEMARK_NOW",
+        "RUST_LOG",
+    ] {
+        cmd.env_remove(inherited);
+    }
+    cmd.envs(vars.iter().copied())
         .stdin(Stdio::null())
         .stdout(fs::File::create(&stdout).expect("stdout file"))
         .stderr(fs::File::create(&stderr).expect("stderr file"));
@@ -222,6 +226,60 @@ fn tail(text: &str, n: usize) -> &str {
 
 fn tidemark_env(env: &Env, vars: &[(&str, &str)], args: &[&str]) -> Out {
     spawn(env, &[], vars, args).done(Duration::from_secs(60), &args.join(" "))
+}
+
+/// `backfill p --from FROM --to TO --enqueue` (and `extra`), at `vars`.
+fn enqueue(env: &Env, vars: &[(&str, &str)], (from, to): (&str, &str), extra: &[&str]) {
+    let mut args = vec!["backfill", "p", "--from", from, "--to", to, "--enqueue"];
+    args.extend_from_slice(extra);
+    tidemark_env(env, vars, &args).expect_code(0, "backfill --enqueue");
+}
+
+/// `serve --no-schedule --drain` (and `extra`), at `vars`: it must end,
+/// with exit 0, within 30 s.
+fn drain(env: &Env, vars: &[(&str, &str)], extra: &[&str]) -> Out {
+    let mut args = vec![
+        "serve",
+        "--no-schedule",
+        "--drain",
+        "--poll-interval",
+        "200ms",
+    ];
+    args.extend_from_slice(extra);
+    let out = spawn(env, &[], vars, &args).done(Duration::from_secs(30), "serve --drain ends");
+    out.expect_code(0, "serve --drain");
+    out
+}
+
+/// The key failed once, class `config`, with a back-off, and its message
+/// contains `named` (what changed).
+async fn assert_config_failure(env: &Env, (source, day): (&str, &str), named: &str, out: &Out) {
+    let columns = [
+        "status",
+        "error_class",
+        "attempt",
+        "not_before",
+        "error_message",
+    ];
+    let row = run_row(env, source, day, &columns).await;
+    assert_eq!(
+        (row[0].as_deref(), row[1].as_deref(), row[2].as_deref()),
+        (Some("failed"), Some("config"), Some("1")),
+        "{source} {day}: failed once, as a configuration error\n{}",
+        tail(&out.stderr, 3000)
+    );
+    assert!(row[3].is_some(), "with the failure back-off: {row:?}");
+    let message = row[4].clone().unwrap_or_default();
+    assert!(message.contains(named), "names {named}: {message}");
+}
+
+/// Rows of table `p` matching `filter` (none when it does not exist).
+async fn loaded(env: &Env, filter: &str) -> i64 {
+    if env.db.table_exists("p").await {
+        env.db.count(&format!("FROM p WHERE {filter}")).await
+    } else {
+        0
+    }
 }
 
 /// One row of `_tm_runs` as text, by column.
@@ -407,37 +465,12 @@ async fn queue_continues_a_provisional_key_while_open_and_never_runs_other_open_
     base_pipeline(&env, "2024-01-01", "t", &["a"]);
     write_day(&env, "a", "2024-01-02");
     // Day 2 is queued by an operator whose clock says it is due.
-    let queued = tidemark_env(
-        &env,
-        &[("TIDEMARK_NOW", "2024-01-03T01:00:00Z")],
-        &[
-            "backfill",
-            "p",
-            "--from",
-            "2024-01-02",
-            "--to",
-            "2024-01-02",
-            "--enqueue",
-        ],
-    );
-    queued.expect_code(0, "enqueue day 2");
+    let due = [("TIDEMARK_NOW", "2024-01-03T01:00:00Z")];
+    enqueue(&env, &due, ("2024-01-02", "2024-01-02"), &[]);
     interrupt_a_run(&env, "2024-01-01", &[OPEN_DAY1], &["--allow-open"]).await;
 
     // A worker whose clock says 2024-01-01T13:00: day 1 and day 2 are open.
-    let started = Instant::now();
-    let out = tidemark_env(
-        &env,
-        &[("TIDEMARK_NOW", "2024-01-01T13:00:00Z")],
-        &[
-            "serve",
-            "--no-schedule",
-            "--drain",
-            "--poll-interval",
-            "200ms",
-        ],
-    );
-    out.expect_code(0, "serve --drain");
-    assert!(started.elapsed() < Duration::from_secs(30), "{out}");
+    let out = drain(&env, &[("TIDEMARK_NOW", "2024-01-01T13:00:00Z")], &[]);
     let day1 = run_row(
         &env,
         "a",
@@ -459,7 +492,7 @@ async fn queue_continues_a_provisional_key_while_open_and_never_runs_other_open_
         (Some("pending"), Some("0")),
         "an open period queued without --allow-open is not run\n{out}"
     );
-    assert_eq!(env.db.count("FROM p WHERE id LIKE '2024-01-02-%'").await, 0);
+    assert_eq!(loaded(&env, "id LIKE '2024-01-02-%'").await, 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -472,72 +505,26 @@ async fn queue_continues_a_provisional_key_while_open_and_never_runs_other_open_
 async fn queued_key_never_runs_under_a_changed_export_type(backend: Backend) {
     let env = Env::new(backend).await;
     base_pipeline(&env, "2024-01-01", "t", &["a"]);
-    for day in ["2024-01-01", "2024-01-02"] {
+    let days = ["2024-01-01", "2024-01-02"];
+    for day in days {
         write_day(&env, "a", day);
     }
-    env.tidemark(&[
-        "backfill",
-        "p",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2024-01-02",
-        "--enqueue",
-    ])
-    .expect_code(0, "enqueue");
+    enqueue(&env, &[], (days[0], days[1]), &[]);
     base_pipeline(&env, "2024-01-01", "t2", &["a"]);
-    let serve = spawn(&env, &[], &[], &["serve", "--no-schedule", "--drain"]);
-    let out = serve.done(Duration::from_secs(30), "serve --drain");
-    out.expect_code(0, "serve --drain");
-    for day in ["2024-01-01", "2024-01-02"] {
-        let row = run_row(
-            &env,
-            "a",
-            day,
-            &[
-                "status",
-                "error_class",
-                "error_message",
-                "export_type",
-                "attempt",
-            ],
-        )
-        .await;
-        assert_eq!(
-            (row[0].as_deref(), row[1].as_deref(), row[3].as_deref()),
-            (Some("failed"), Some("config"), Some("t")),
-            "{day}\n{out}"
-        );
-        let message = row[2].clone().unwrap_or_default();
-        assert!(
-            message.contains("\"t\"")
-                && message.contains("\"t2\"")
-                && message.contains("export_type"),
-            "names what changed: {message}"
-        );
-        assert_eq!(row[4].as_deref(), Some("1"), "failed once");
+    let out = drain(&env, &[], &[]);
+    let changed = "export type \"t\", the pipeline now has \"t2\"";
+    for day in days {
+        assert_config_failure(&env, ("a", day), changed, &out).await;
+        let row = run_row(&env, "a", day, &["export_type"]).await;
+        assert_eq!(row[0].as_deref(), Some("t"));
     }
-    // Nothing was loaded under either export type.
-    let loaded = if env.db.table_exists("p").await {
-        env.db.count("FROM p").await
-    } else {
-        0
-    };
-    assert_eq!(loaded, 0, "no row under a run id of another run key");
+    let all = loaded(&env, "1 = 1").await;
+    assert_eq!(all, 0, "no row under a run id of another run key");
     // The new export type's keys run as usual.
-    env.tidemark(&[
-        "backfill",
-        "p",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2024-01-02",
-    ])
-    .expect_code(0, "backfill t2");
-    assert_eq!(
-        env.db.count("FROM p WHERE _tm_export_type = 't2'").await,
-        2 * i64::try_from(ROWS).unwrap()
-    );
+    env.tidemark(&["backfill", "p", "--from", days[0], "--to", days[1]])
+        .expect_code(0, "backfill t2");
+    let both = 2 * i64::try_from(ROWS).unwrap();
+    assert_eq!(loaded(&env, "_tm_export_type = 't2'").await, both);
 }
 
 /// A `run` killed with SIGKILL mid-period leaves its key running; the
@@ -563,71 +550,41 @@ async fn crashed_key_is_not_taken_over_under_a_changed_export_type(backend: Back
     assert_eq!(row[0].as_deref(), Some("running"), "crashed");
 
     base_pipeline(&env, "2024-01-01", "t2", &["a"]);
-    let out = spawn(&env, &[], &[], &["serve", "--no-schedule", "--drain"])
-        .done(Duration::from_secs(30), "serve --drain");
-    out.expect_code(0, "serve --drain");
-    let row = run_row(&env, "a", day, &["status", "error_class", "error_message"]).await;
+    let out = drain(&env, &[], &[]);
+    // Attempt 2, the takeover's, failed at once.
+    let row = run_row(
+        &env,
+        "a",
+        day,
+        &["status", "error_class", "attempt", "error_message"],
+    )
+    .await;
     assert_eq!(
-        (row[0].as_deref(), row[1].as_deref()),
-        (Some("failed"), Some("config")),
+        (row[0].as_deref(), row[1].as_deref(), row[2].as_deref()),
+        (Some("failed"), Some("config"), Some("2")),
         "{}",
         tail(&out.stderr, 3000)
     );
     assert!(
-        row[2].as_deref().unwrap_or("").contains("\"t2\""),
+        row[3].as_deref().unwrap_or("").contains("\"t2\""),
         "{row:?}"
     );
-    assert_eq!(
-        env.db.count("FROM p WHERE _tm_export_type = 't2'").await,
-        0,
-        "no t2 row under t's run id"
-    );
+    let t2 = loaded(&env, "_tm_export_type = 't2'").await;
+    assert_eq!(t2, 0, "no t2 row under t's run id");
 }
 
-/// Days queued, then the pipeline's granularity becomes `hour`: a day's
-/// start is also an hour's start, but not its end. The queued days fail as
-/// configuration errors; nothing runs as an hour under a day's ledger row.
+/// A day queued, then the pipeline's granularity becomes `hour`: a day's
+/// start is also an hour's start, but not its end. The queued day fails as
+/// a configuration error; nothing runs as an hour under a day's ledger row.
 async fn queued_day_is_not_run_as_an_hour_after_a_granularity_change(backend: Backend) {
     let env = Env::new(backend).await;
     base_pipeline(&env, "2024-01-01", "t", &["a"]);
     write_day(&env, "a", "2024-01-01");
-    env.tidemark(&[
-        "backfill",
-        "p",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2024-01-01",
-        "--enqueue",
-    ])
-    .expect_code(0, "enqueue");
+    enqueue(&env, &[], ("2024-01-01", "2024-01-01"), &[]);
     env.set_option("p", "period", "granularity", "\"hour\"");
-    let out = spawn(&env, &[], &[], &["serve", "--no-schedule", "--drain"])
-        .done(Duration::from_secs(30), "serve --drain");
-    out.expect_code(0, "serve --drain");
-    let row = run_row(
-        &env,
-        "a",
-        "2024-01-01",
-        &["status", "error_class", "error_message"],
-    )
-    .await;
-    assert_eq!(
-        (row[0].as_deref(), row[1].as_deref()),
-        (Some("failed"), Some("config")),
-        "{}",
-        tail(&out.stderr, 3000)
-    );
-    assert!(
-        row[2].as_deref().unwrap_or("").contains("granularity"),
-        "{row:?}"
-    );
-    let loaded = if env.db.table_exists("p").await {
-        env.db.count("FROM p").await
-    } else {
-        0
-    };
-    assert_eq!(loaded, 0);
+    let out = drain(&env, &[], &[]);
+    assert_config_failure(&env, ("a", "2024-01-01"), "granularity", &out).await;
+    assert_eq!(loaded(&env, "1 = 1").await, 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -645,65 +602,18 @@ async fn unrunnable_queued_key_fails_once_and_the_queue_moves_on(backend: Backen
         write_day(&env, "a", day);
     }
     for (source, priority) in [("b", "10"), ("a", "0")] {
-        env.tidemark(&[
-            "backfill",
-            "p",
-            "--from",
-            "2024-01-01",
-            "--to",
-            "2024-01-03",
-            "--source",
-            source,
-            "--priority",
-            priority,
-            "--enqueue",
-        ])
-        .expect_code(0, "enqueue");
+        let extra = ["--source", source, "--priority", priority];
+        enqueue(&env, &[], (days[0], days[2]), &extra);
     }
     base_pipeline(&env, "2024-01-01", "t", &["a"]);
-    let started = Instant::now();
-    let serve = spawn(
-        &env,
-        &[],
-        &[],
-        &["serve", "--no-schedule", "--drain", "--workers", "1"],
-    );
-    let out = serve.done(Duration::from_secs(30), "serve --drain ends");
-    out.expect_code(0, "serve --drain");
-    assert!(started.elapsed() < Duration::from_secs(30));
+    let out = drain(&env, &[], &["--workers", "1"]);
     for day in days {
-        let b = run_row(
-            &env,
-            "b",
-            day,
-            &[
-                "status",
-                "error_class",
-                "error_message",
-                "attempt",
-                "not_before",
-            ],
-        )
-        .await;
-        assert_eq!(
-            (b[0].as_deref(), b[1].as_deref(), b[3].as_deref()),
-            (Some("failed"), Some("config"), Some("1")),
-            "b {day}: failed once\n{}",
-            tail(&out.stderr, 3000)
-        );
-        assert!(
-            b[2].as_deref().unwrap_or("").contains("no source \"b\""),
-            "the reason is named: {b:?}"
-        );
-        assert!(b[4].is_some(), "with the failure back-off");
+        assert_config_failure(&env, ("b", day), "no source \"b\"", &out).await;
         let a = run_row(&env, "a", day, &["status"]).await;
         assert_eq!(a[0].as_deref(), Some("done"), "a {day}");
     }
-    assert_eq!(
-        env.db.count("FROM _tm_attempts").await,
-        6,
-        "one attempt per key, no loop"
-    );
+    let attempts = env.db.count("FROM _tm_attempts").await;
+    assert_eq!(attempts, 6, "one attempt per key, no loop");
 }
 
 // ---------------------------------------------------------------------------
@@ -724,22 +634,7 @@ async fn interrupted_key_is_claimable_despite_an_earlier_backoff(backend: Backen
     let row = run_row(&env, "a", "2024-01-01", &["not_before"]).await;
     assert_eq!(row[0], None, "an interruption is no failure: no back-off");
 
-    let started = Instant::now();
-    let serve = spawn(
-        &env,
-        &[],
-        &[],
-        &[
-            "serve",
-            "--no-schedule",
-            "--drain",
-            "--poll-interval",
-            "200ms",
-        ],
-    );
-    let out = serve.done(Duration::from_secs(30), "serve --drain runs it at once");
-    out.expect_code(0, "serve --drain");
-    assert!(started.elapsed() < Duration::from_secs(30));
+    drain(&env, &[], &[]);
     let row = run_row(&env, "a", "2024-01-01", &["status", "rows_read"]).await;
     assert_eq!(
         (row[0].as_deref(), row[1].as_deref()),

@@ -972,6 +972,16 @@ async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
     db.drop_db().await;
 }
 
+/// Claims `k` and records a permanent failure of the attempt.
+async fn fail_once(store: &Store, k: &RunKey) {
+    let run = claimed(store.claim(k, &request("w1")).await.unwrap());
+    let error = Error::source_permanent("404");
+    store
+        .mark_failed(&run.lease, &Default::default(), &error)
+        .await
+        .unwrap();
+}
+
 /// A failed key records a backoff (`not_before`: one minute, doubling,
 /// capped at a day) from the database's clock (the failure's `finished_at`,
 /// stamped by the same statement); a scheduler's queueing respects it, an
@@ -987,15 +997,7 @@ async fn failed_key_backs_off_and_only_an_operator_skips_it(postgres: bool) {
     };
     let mut waits = Vec::new();
     for _ in 0..13 {
-        let run = claimed(store.claim(&k, &request("w1")).await.unwrap());
-        store
-            .mark_failed(
-                &run.lease,
-                &Default::default(),
-                &Error::source_permanent("404"),
-            )
-            .await
-            .unwrap();
+        fail_once(&store, &k).await;
         let entry = &store.status("p", None).await.unwrap()[0];
         let not_before = time(entry.not_before.as_deref());
         let failed_at = time(entry.finished_at.as_deref());
@@ -1031,15 +1033,7 @@ async fn failed_key_backs_off_and_only_an_operator_skips_it(postgres: bool) {
     assert!(!store.status("p", None).await.unwrap()[0].backing_off);
     assert_eq!(schedule(true).await, 1, "queued once it has");
     // An operator queues a failed key at once.
-    let run = claimed(store.claim(&k, &request("w1")).await.unwrap());
-    store
-        .mark_failed(
-            &run.lease,
-            &Default::default(),
-            &Error::source_permanent("404"),
-        )
-        .await
-        .unwrap();
+    fail_once(&store, &k).await;
     assert_eq!(schedule(true).await, 0);
     assert_eq!(schedule(false).await, 1, "an operator: at once");
     store.close().await;
