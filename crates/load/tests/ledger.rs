@@ -888,6 +888,80 @@ async fn concurrent_queue_claims_take_each_key_once(postgres: bool) {
     db.drop_db().await;
 }
 
+/// The queue's open-period rule, at the flow: a pending key whose period
+/// ends after its pipeline's due cut-off is neither claimed nor work left;
+/// a provisional attempt's key is, and the claim continues it
+/// provisionally; once due, the claim is final and starts over.
+async fn queue_claims_open_periods_only_to_continue_a_provisional_attempt(postgres: bool) {
+    let (db, store, schema) = with_table(postgres, &pipeline()).await;
+    let p = pipeline();
+    let at = |text: &str| {
+        chrono::DateTime::parse_from_rfc3339(text)
+            .unwrap()
+            .with_timezone(&chrono::Utc)
+    };
+    let queue_at = |cutoff: &str| {
+        let mut queue = queue_pipelines();
+        queue[0].due_before = at(cutoff);
+        queue
+    };
+    // 2024-01-05 ends 2024-01-06T00:00Z.
+    let open = queue_at("2024-01-05T12:00:00Z");
+    let due = queue_at("2024-01-06T00:00:00Z");
+    let me = request("w1").worker;
+    assert_eq!(enqueue_days(&store, &["2024-01-05"], 0, &[]).await, 1);
+    assert!(store
+        .claim_next(&open, &request("w1"))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(!store.work_left(&open, &me).await.unwrap(), "not work left");
+    assert!(store.work_left(&due, &me).await.unwrap());
+
+    // A provisional attempt (`--allow-open`), interrupted after a batch.
+    execute(&db.url, "DELETE FROM _tm_runs").await;
+    let k = key(&p, "2024-01-05");
+    let provisional = ClaimRequest {
+        provisional: true,
+        ..request("w1")
+    };
+    let run = claimed(store.claim(&k, &provisional).await.unwrap());
+    let mut writer = store
+        .writer(schema.clone(), &run, &k, OPTIONS)
+        .await
+        .unwrap();
+    writer
+        .write_batch(&[row(1, "a")], &[], 1, &serde_json::json!({"records": 1}))
+        .await
+        .unwrap();
+    store
+        .interrupt(&run.lease, &writer.counts(), "signal")
+        .await
+        .unwrap();
+    assert!(store.work_left(&open, &me).await.unwrap());
+    let next = store
+        .claim_next(&open, &request("w2"))
+        .await
+        .unwrap()
+        .expect("a provisional attempt is continued while open");
+    assert!(next.provisional);
+    assert_eq!(next.run.lease.run_id, run.lease.run_id, "continued");
+    store
+        .interrupt(&next.run.lease, &next.run.counts, "signal")
+        .await
+        .unwrap();
+    let last = store
+        .claim_next(&due, &request("w2"))
+        .await
+        .unwrap()
+        .expect("claimed once due");
+    assert!(!last.provisional, "final once due");
+    assert!(last.run.resume.is_none(), "read again from the start");
+    assert_ne!(last.run.lease.run_id, run.lease.run_id);
+    store.close().await;
+    db.drop_db().await;
+}
+
 /// An interrupted attempt hands its key back with its checkpoint: the next
 /// claim (any worker) resumes under the same run id; the attempt history
 /// says `interrupted`; and a cancelled pending key is claimed by nobody.
@@ -1051,6 +1125,7 @@ both_backends!(
     queue_claims_by_priority_then_age_once_each,
     concurrent_queue_claims_take_each_key_once,
     interrupted_key_is_resumed_and_cancelled_key_is_left,
+    queue_claims_open_periods_only_to_continue_a_provisional_attempt,
     failed_key_backs_off_and_only_an_operator_skips_it,
     ledger_of_the_first_migration_upgrades_with_its_history,
     concurrent_claims_have_exactly_one_winner,
