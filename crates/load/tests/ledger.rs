@@ -888,6 +888,30 @@ async fn concurrent_queue_claims_take_each_key_once(postgres: bool) {
     db.drop_db().await;
 }
 
+/// Claims `k` with `request`, commits one batch (checkpoint `{"records": 1}`)
+/// and hands the key back as a signal would; the attempt and its writer.
+async fn interrupted_after_a_batch(
+    store: &Store,
+    schema: &TableSchema,
+    k: &RunKey,
+    request: &ClaimRequest,
+) -> (ClaimedRun, RunWriter) {
+    let run = claimed(store.claim(k, request).await.unwrap());
+    let mut writer = store
+        .writer(schema.clone(), &run, k, OPTIONS)
+        .await
+        .unwrap();
+    writer
+        .write_batch(&[row(1, "a")], &[], 1, &serde_json::json!({"records": 1}))
+        .await
+        .unwrap();
+    store
+        .interrupt(&run.lease, &writer.counts(), "signal")
+        .await
+        .unwrap();
+    (run, writer)
+}
+
 /// The queue's open-period rule, at the flow: a pending key whose period
 /// ends after its pipeline's due cut-off is neither claimed nor work left;
 /// a provisional attempt's key is, and the claim continues it
@@ -925,19 +949,7 @@ async fn queue_claims_open_periods_only_to_continue_a_provisional_attempt(postgr
         provisional: true,
         ..request("w1")
     };
-    let run = claimed(store.claim(&k, &provisional).await.unwrap());
-    let mut writer = store
-        .writer(schema.clone(), &run, &k, OPTIONS)
-        .await
-        .unwrap();
-    writer
-        .write_batch(&[row(1, "a")], &[], 1, &serde_json::json!({"records": 1}))
-        .await
-        .unwrap();
-    store
-        .interrupt(&run.lease, &writer.counts(), "signal")
-        .await
-        .unwrap();
+    let (run, _) = interrupted_after_a_batch(&store, &schema, &k, &provisional).await;
     assert!(store.work_left(&open, &me).await.unwrap());
     let next = store
         .claim_next(&open, &request("w2"))
@@ -969,19 +981,7 @@ async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
     let (db, store, schema) = with_table(postgres, &pipeline()).await;
     let p = pipeline();
     let k = key(&p, "2024-01-05");
-    let run = claimed(store.claim(&k, &request("w1")).await.unwrap());
-    let mut writer = store
-        .writer(schema.clone(), &run, &k, OPTIONS)
-        .await
-        .unwrap();
-    writer
-        .write_batch(&[row(1, "a")], &[], 1, &serde_json::json!({"records": 1}))
-        .await
-        .unwrap();
-    store
-        .interrupt(&run.lease, &writer.counts(), "signal")
-        .await
-        .unwrap();
+    let (run, mut writer) = interrupted_after_a_batch(&store, &schema, &k, &request("w1")).await;
     let entry = &store.status("p", None).await.unwrap()[0];
     assert_eq!(entry.status, tidemark_load::RunStatus::Pending);
     assert_eq!(entry.error_class.as_deref(), Some("interrupted"));
