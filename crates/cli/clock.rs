@@ -6,9 +6,11 @@
 //! starts at; the clock then runs on from it in real time, so a `serve`
 //! started with it still sees its schedules fire. Tests and dry runs use it
 //! to ask what tidemark would do at another moment (is the period open,
-//! what would `sync` run tomorrow at 03:00). It moves nothing else: leases,
-//! lease expiry and the times stamped in the ledger and on rows come from
-//! the database's clock, which no variable can fake.
+//! what would `sync` run tomorrow at 03:00), for every command and for
+//! `serve`'s workers (which claim only due keys, or keys continuing a
+//! provisional attempt). It moves nothing else: leases, lease expiry,
+//! failure back-offs and every time stored in the ledger come from the
+//! database's clock, which no variable can fake (ADR 0012).
 
 use std::sync::OnceLock;
 use std::time::Instant;

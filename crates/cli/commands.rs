@@ -495,7 +495,7 @@ async fn queue_plan(
             priority,
             by: EnqueuedBy::Backfill,
             requeue,
-            due_at: None,
+            respect_backoff: false,
         };
         queued +=
             crate::engine::retry(&pipeline.retry, "queue keys", || store.enqueue(&batch)).await?;

@@ -185,17 +185,10 @@ impl Job {
         }
     }
 
-    /// Records a failed attempt; the key's backoff counts from the clock
-    /// that decides what is due.
+    /// Records a failed attempt; the key's backoff counts from the
+    /// database's clock (see [`record_failure`]).
     async fn record_failure(&self, lease: &Lease, counts: &Counts, error: &Error) {
-        let now = crate::clock::now().unwrap_or_else(|_| chrono::Utc::now());
-        let recorded = retry(&self.pipeline.retry, "record failure", || {
-            self.store.mark_failed(lease, counts, error, now)
-        })
-        .await;
-        if let Err(e) = recorded {
-            tracing::error!(error = %e, "could not record the failure in the ledger");
-        }
+        record_failure(&self.store, &self.pipeline.retry, lease, counts, error).await;
     }
 
     /// Ends an attempt stopped by a signal after its last committed batch:
@@ -504,6 +497,27 @@ async fn finish_one(
             Err(e) if backoff.should_retry(&e, "commit the period").await => continue,
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Records a failed attempt in the ledger, with `policy`'s retries; the
+/// key's back-off counts from the database's clock, like every time the
+/// ledger stores (a worker whose clock is behind would otherwise store a
+/// back-off already over). A failure to record is logged: the lease then
+/// runs out instead.
+pub async fn record_failure(
+    store: &Store,
+    policy: &RetryPolicy,
+    lease: &Lease,
+    counts: &Counts,
+    error: &Error,
+) {
+    let recorded = retry(policy, "record failure", || {
+        store.mark_failed(lease, counts, error)
+    })
+    .await;
+    if let Err(e) = recorded {
+        tracing::error!(error = %e, "could not record the failure in the ledger");
     }
 }
 

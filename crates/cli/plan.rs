@@ -296,7 +296,7 @@ fn for_sync(
                 (_, Some(_)) if again.contains(&i) => Intent::Claim(Some(Forced::Lookback)),
                 (_, Some(e)) => Intent::Leave(describe(e)),
                 (None, None) => Intent::Claim(None),
-                (Some(e), None) => undone(e, force, now),
+                (Some(e), None) => undone(e, force),
             };
             plan.push(Planned {
                 key: key(pipeline, source, *period),
@@ -311,12 +311,14 @@ fn for_sync(
 
 /// What `sync` does with a due key that is not done: a failed one runs
 /// again once its backoff (`not_before`: 1 min, doubling, at most 24 h) has
-/// passed, so a permanently failing source is not read at every fire; a
-/// cancelled one stays out until an operator runs or queues it; a pending
-/// or running one is claimed (the claim rules then resume or hold it).
-fn undone(entry: &LedgerEntry, force: bool, now: DateTime<Utc>) -> Intent {
+/// passed by the database's clock, which stored it (`TIDEMARK_NOW` moves
+/// only what is due), so a permanently failing source is not read at every
+/// fire; a cancelled one stays out until an operator runs or queues it; a
+/// pending or running one is claimed (the claim rules then resume or hold
+/// it).
+fn undone(entry: &LedgerEntry, force: bool) -> Intent {
     match entry.status {
-        RunStatus::Failed if !force && !backoff_passed(entry, now) => Intent::Leave(format!(
+        RunStatus::Failed if !force && entry.backing_off => Intent::Leave(format!(
             "{}; retried from {}",
             describe(entry),
             entry.not_before.as_deref().unwrap_or("?")
@@ -326,15 +328,6 @@ fn undone(entry: &LedgerEntry, force: bool, now: DateTime<Utc>) -> Intent {
         }
         _ => Intent::Claim(None),
     }
-}
-
-/// Whether a failed key's `not_before` has passed at `now` (or it has none).
-fn backoff_passed(entry: &LedgerEntry, now: DateTime<Utc>) -> bool {
-    entry
-        .not_before
-        .as_deref()
-        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-        .map_or(true, |at| at <= now)
 }
 
 #[cfg(test)]
@@ -402,6 +395,7 @@ key = ["id"]
             lease_expires_at: None,
             priority: 0,
             not_before: None,
+            backing_off: false,
             enqueued_by: None,
         }
     }

@@ -212,8 +212,10 @@ impl Pipelines {
         Ok(())
     }
 
-    /// What a claim may take: every pipeline, with its handler version.
-    fn queue(&self) -> Vec<QueuePipeline> {
+    /// What a claim may take at `now` (the clock that decides what is due):
+    /// every pipeline, with its handler version and its due cut-off (`now`
+    /// minus `period.lag`).
+    fn queue(&self, now: DateTime<Utc>) -> Vec<QueuePipeline> {
         let mut queue: Vec<QueuePipeline> = self
             .by_name
             .values()
@@ -221,6 +223,10 @@ impl Pipelines {
                 name: p.spec.name.clone(),
                 handler_version: p.spec.version.clone(),
                 fields_fingerprint: p.fields_fingerprint().as_str().to_string(),
+                due_before: chrono::Duration::from_std(p.lag)
+                    .ok()
+                    .and_then(|lag| now.checked_sub_signed(lag))
+                    .unwrap_or(DateTime::<Utc>::MIN_UTC),
             })
             .collect();
         queue.sort_by(|a, b| a.name.cmp(&b.name));
@@ -242,7 +248,8 @@ async fn work(shared: Arc<Shared>, slot: u16) {
             return;
         }
         let pipelines = shared.pipelines();
-        let queue = pipelines.queue();
+        let now = crate::clock::now().unwrap_or_else(|_| Utc::now());
+        let queue = pipelines.queue(now);
         let request = ClaimRequest {
             force: false,
             handler_version: String::new(),
@@ -269,8 +276,7 @@ async fn work(shared: Arc<Shared>, slot: u16) {
 }
 
 async fn work_left(shared: &Shared, queue: &[QueuePipeline]) -> bool {
-    let names: Vec<String> = queue.iter().map(|p| p.name.clone()).collect();
-    match shared.store.work_left(&names, &shared.worker).await {
+    match shared.store.work_left(queue, &shared.worker).await {
         Ok(left) => left,
         Err(e) => {
             tracing::warn!(error = %e, "cannot tell whether work is left; looking again");
@@ -291,18 +297,33 @@ async fn idle(shared: &Shared) {
 }
 
 /// Runs a claimed key as `run` would.
+///
+/// A key the pipeline as loaded now cannot run under the identity it was
+/// queued with (its source removed, its export type or period changed)
+/// fails, class `config`, the reason named, with the failure back-off: it
+/// leaves the queue, and the worker takes the next. Handing it back would
+/// have it claimed again at once, by this worker or by any other running
+/// the same files, in a loop. (Keys of a pipeline this process has not
+/// loaded are never claimed by it: another `serve` may run them.)
 async fn run_queued(shared: &Shared, pipelines: &Pipelines, queued: QueuedRun) {
     let job = match job_of(shared, pipelines, &queued) {
         Ok(job) => job,
         Err(error) => {
-            // Claimed, but this process cannot run it: hand it back rather
-            // than fail a key another worker may run.
-            tracing::error!(pipeline = %queued.pipeline, period = %queued.period_start, error = %error,
-                "claimed a key this worker cannot run; handing it back");
-            let why = format!("not run by {}: {error}", shared.worker.owner());
-            let _ = shared
-                .store
-                .interrupt(&queued.run.lease, &queued.run.counts, &why)
+            tracing::error!(pipeline = %queued.pipeline, source = %queued.source,
+                export_type = %queued.export_type, period = %queued.period_start, error = %error,
+                "claimed a key the pipeline cannot run as queued; failing it");
+            // The pipeline is loaded (the claim took only keys of loaded
+            // pipelines); its retries then record the failure.
+            let policy = pipelines.by_name.get(&queued.pipeline).map_or(
+                tidemark_core::RetryPolicy {
+                    max_attempts: 3,
+                    base_delay: Duration::from_millis(100),
+                    max_delay: Duration::from_secs(2),
+                },
+                |p| p.retry,
+            );
+            let run = &queued.run;
+            crate::engine::record_failure(&shared.store, &policy, &run.lease, &run.counts, &error)
                 .await;
             return;
         }
@@ -339,17 +360,40 @@ fn job_of(shared: &Shared, pipelines: &Pipelines, queued: &QueuedRun) -> Result<
         source_id: queued.source.clone(),
         key,
         worker: shared.worker.clone(),
-        flags: RunFlags::default(),
+        // The claim decided it: provisional exactly while the period is
+        // open, continuing a provisional attempt.
+        flags: RunFlags {
+            provisional: queued.provisional,
+            ..RunFlags::default()
+        },
     })
 }
 
+/// The run key a queued (or crashed) key was queued with, rebuilt from the
+/// pipeline as loaded now: every part of it must still be what the
+/// pipeline runs, or it is a configuration error naming what changed. One
+/// run id then never owns rows of two run keys.
 fn queued_key(pipeline: &Pipeline, queued: &QueuedRun) -> Result<RunKey, Error> {
     let mismatch = |why: String| Error::config(pipeline.file_name(), "period", why);
     if pipeline.source(&queued.source).is_none() {
         return Err(Error::config(
             pipeline.file_name(),
             "sources",
-            format!("no source {:?} (the key was queued for it)", queued.source),
+            format!(
+                "no source {:?} any more (the key of period {} was queued for it); cancel its keys or restore the source",
+                queued.source, queued.period_start
+            ),
+        ));
+    }
+    if pipeline.spec.export_type != queued.export_type {
+        return Err(Error::config(
+            pipeline.file_name(),
+            "export_type",
+            format!(
+                "the key of source {:?}, period {} was queued for export type {:?}, the pipeline now has {:?}: \
+                 its rows would be loaded under the old key; queue the new export type's periods instead",
+                queued.source, queued.period_start, queued.export_type, pipeline.spec.export_type
+            ),
         ));
     }
     let start = DateTime::parse_from_rfc3339(&queued.period_start)
@@ -362,10 +406,10 @@ fn queued_key(pipeline: &Pipeline, queued: &QueuedRun) -> Result<RunKey, Error> 
         .with_timezone(&Utc);
     let spec = &pipeline.spec.period;
     let period = Period::from_start(spec.granularity, spec.timezone, start);
-    if period.start_rfc3339() != queued.period_start {
+    if period.start_rfc3339() != queued.period_start || period.end_rfc3339() != queued.period_end {
         return Err(mismatch(format!(
-            "the queued period start {} is not the start of a {} period in {} (did the granularity or timezone change?)",
-            queued.period_start, spec.granularity, spec.timezone
+            "the queued period {} to {} is not a {} period in {} (did the granularity or timezone change?)",
+            queued.period_start, queued.period_end, spec.granularity, spec.timezone
         )));
     }
     Ok(RunKey::new(
@@ -478,7 +522,7 @@ async fn queue_due(shared: &Shared, pipeline: &Pipeline, now: DateTime<Utc>) -> 
             priority: SCHEDULE_PRIORITY,
             by: EnqueuedBy::Schedule,
             requeue,
-            due_at: Some(now),
+            respect_backoff: true,
         };
         queued += retry(&pipeline.retry, "queue due keys", || store.enqueue(&batch)).await?;
     }

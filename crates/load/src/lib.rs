@@ -174,16 +174,15 @@ impl Store {
     }
 
     /// Records a failed attempt (fenced: a superseded attempt changes
-    /// nothing); the key may be re-queued by a schedule from `now` plus its
-    /// backoff on.
+    /// nothing); the key may be re-queued by a schedule once its backoff,
+    /// counted from the database's clock, has passed.
     pub async fn mark_failed(
         &self,
         lease: &Lease,
         counts: &Counts,
         error: &Error,
-        now: chrono::DateTime<chrono::Utc>,
     ) -> Result<(), Error> {
-        dispatch!(self, s => flow::mark_failed(s, lease, counts, error, now).await)
+        dispatch!(self, s => flow::mark_failed(s, lease, counts, error).await)
     }
 
     /// Ends an attempt stopped by a signal: the key goes back to `pending`
@@ -202,7 +201,11 @@ impl Store {
     }
 
     /// Whether anything is left in the queue for a draining worker.
-    pub async fn work_left(&self, pipelines: &[String], me: &WorkerId) -> Result<bool, Error> {
+    pub async fn work_left(
+        &self,
+        pipelines: &[QueuePipeline],
+        me: &WorkerId,
+    ) -> Result<bool, Error> {
         dispatch!(self, s => flow::work_left(s, pipelines, me).await)
     }
 

@@ -463,12 +463,9 @@ impl RunWriter {
 
 /// The canonical result of a done run, stored in the ledger and printed on
 /// a re-run.
-pub(crate) fn result_json(
-    lineage: &Lineage,
-    lease: &Lease,
-    counts: &Counts,
-    finished_at: &str,
-) -> serde_json::Value {
+/// The canonical result of a done run, but for its `finished_at`, which the
+/// ledger stamps from the database's clock as it stores the result.
+pub(crate) fn result_json(lineage: &Lineage, lease: &Lease, counts: &Counts) -> serde_json::Value {
     let mut result = serde_json::json!({
         "pipeline": lineage.pipeline,
         "source": lineage.source,
@@ -478,7 +475,6 @@ pub(crate) fn result_json(
         "status": "done",
         "attempts": lease.attempt,
         "run_id": lease.run_id,
-        "finished_at": finished_at,
     });
     if let (Some(map), Ok(serde_json::Value::Object(c))) =
         (result.as_object_mut(), serde_json::to_value(counts))

@@ -769,6 +769,8 @@ fn queue_pipelines() -> Vec<tidemark_load::QueuePipeline> {
         name: "p".into(),
         handler_version: "1".into(),
         fields_fingerprint: pipeline().fields_fingerprint().as_str().to_string(),
+        // Every period of these tests is due.
+        due_before: chrono::Utc::now(),
     }]
 }
 
@@ -788,7 +790,7 @@ async fn enqueue_days(
             priority,
             by: tidemark_load::EnqueuedBy::Backfill,
             requeue,
-            due_at: None,
+            respect_backoff: false,
         })
         .await
         .unwrap()
@@ -827,7 +829,7 @@ async fn queue_claims_by_priority_then_age_once_each(postgres: bool) {
         "priority first, then the order queued"
     );
     assert!(!store
-        .work_left(&["p".to_string()], &request("w1").worker)
+        .work_left(&queue_pipelines(), &request("w1").worker)
         .await
         .unwrap());
     // A key queued for a pipeline this worker does not run is not its.
@@ -886,16 +888,17 @@ async fn concurrent_queue_claims_take_each_key_once(postgres: bool) {
     db.drop_db().await;
 }
 
-/// An interrupted attempt hands its key back with its checkpoint: the next
-/// claim (any worker) resumes under the same run id; the attempt history
-/// says `interrupted`; and a cancelled pending key is claimed by nobody.
-async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
-    let (db, store, schema) = with_table(postgres, &pipeline()).await;
-    let p = pipeline();
-    let k = key(&p, "2024-01-05");
-    let run = claimed(store.claim(&k, &request("w1")).await.unwrap());
+/// Claims `k` with `request`, commits one batch (checkpoint `{"records": 1}`)
+/// and hands the key back as a signal would; the attempt and its writer.
+async fn interrupted_after_a_batch(
+    store: &Store,
+    schema: &TableSchema,
+    k: &RunKey,
+    request: &ClaimRequest,
+) -> (ClaimedRun, RunWriter) {
+    let run = claimed(store.claim(k, request).await.unwrap());
     let mut writer = store
-        .writer(schema.clone(), &run, &k, OPTIONS)
+        .writer(schema.clone(), &run, k, OPTIONS)
         .await
         .unwrap();
     writer
@@ -906,6 +909,79 @@ async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
         .interrupt(&run.lease, &writer.counts(), "signal")
         .await
         .unwrap();
+    (run, writer)
+}
+
+/// The queue's open-period rule, at the flow: a pending key whose period
+/// ends after its pipeline's due cut-off is neither claimed nor work left;
+/// a provisional attempt's key is, and the claim continues it
+/// provisionally; once due, the claim is final and starts over.
+async fn queue_claims_open_periods_only_to_continue_a_provisional_attempt(postgres: bool) {
+    let (db, store, schema) = with_table(postgres, &pipeline()).await;
+    let p = pipeline();
+    let at = |text: &str| {
+        chrono::DateTime::parse_from_rfc3339(text)
+            .unwrap()
+            .with_timezone(&chrono::Utc)
+    };
+    let queue_at = |cutoff: &str| {
+        let mut queue = queue_pipelines();
+        queue[0].due_before = at(cutoff);
+        queue
+    };
+    // 2024-01-05 ends 2024-01-06T00:00Z.
+    let open = queue_at("2024-01-05T12:00:00Z");
+    let due = queue_at("2024-01-06T00:00:00Z");
+    let me = request("w1").worker;
+    assert_eq!(enqueue_days(&store, &["2024-01-05"], 0, &[]).await, 1);
+    assert!(store
+        .claim_next(&open, &request("w1"))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(!store.work_left(&open, &me).await.unwrap(), "not work left");
+    assert!(store.work_left(&due, &me).await.unwrap());
+
+    // A provisional attempt (`--allow-open`), interrupted after a batch.
+    execute(&db.url, "DELETE FROM _tm_runs").await;
+    let k = key(&p, "2024-01-05");
+    let provisional = ClaimRequest {
+        provisional: true,
+        ..request("w1")
+    };
+    let (run, _) = interrupted_after_a_batch(&store, &schema, &k, &provisional).await;
+    assert!(store.work_left(&open, &me).await.unwrap());
+    let next = store
+        .claim_next(&open, &request("w2"))
+        .await
+        .unwrap()
+        .expect("a provisional attempt is continued while open");
+    assert!(next.provisional);
+    assert_eq!(next.run.lease.run_id, run.lease.run_id, "continued");
+    store
+        .interrupt(&next.run.lease, &next.run.counts, "signal")
+        .await
+        .unwrap();
+    let last = store
+        .claim_next(&due, &request("w2"))
+        .await
+        .unwrap()
+        .expect("claimed once due");
+    assert!(!last.provisional, "final once due");
+    assert!(last.run.resume.is_none(), "read again from the start");
+    assert_ne!(last.run.lease.run_id, run.lease.run_id);
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// An interrupted attempt hands its key back with its checkpoint: the next
+/// claim (any worker) resumes under the same run id; the attempt history
+/// says `interrupted`; and a cancelled pending key is claimed by nobody.
+async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
+    let (db, store, schema) = with_table(postgres, &pipeline()).await;
+    let p = pipeline();
+    let k = key(&p, "2024-01-05");
+    let (run, mut writer) = interrupted_after_a_batch(&store, &schema, &k, &request("w1")).await;
     let entry = &store.status("p", None).await.unwrap()[0];
     assert_eq!(entry.status, tidemark_load::RunStatus::Pending);
     assert_eq!(entry.error_class.as_deref(), Some("interrupted"));
@@ -970,36 +1046,41 @@ async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
     db.drop_db().await;
 }
 
+/// Claims `k` and records a permanent failure of the attempt.
+async fn fail_once(store: &Store, k: &RunKey) {
+    let run = claimed(store.claim(k, &request("w1")).await.unwrap());
+    let error = Error::source_permanent("404");
+    store
+        .mark_failed(&run.lease, &Default::default(), &error)
+        .await
+        .unwrap();
+}
+
 /// A failed key records a backoff (`not_before`: one minute, doubling,
-/// capped at a day) from the clock it is given; a scheduler's queueing
-/// respects it, an operator's does not.
+/// capped at a day) from the database's clock (the failure's `finished_at`,
+/// stamped by the same statement); a scheduler's queueing respects it, an
+/// operator's does not.
 async fn failed_key_backs_off_and_only_an_operator_skips_it(postgres: bool) {
     let (db, store, _) = with_table(postgres, &pipeline()).await;
     let p = pipeline();
     let k = key(&p, "2024-01-05");
-    let t0 = chrono::DateTime::parse_from_rfc3339("2030-01-01T00:00:00Z")
-        .unwrap()
-        .with_timezone(&chrono::Utc);
+    let time = |text: Option<&str>| {
+        chrono::DateTime::parse_from_rfc3339(text.unwrap())
+            .unwrap()
+            .with_timezone(&chrono::Utc)
+    };
     let mut waits = Vec::new();
     for _ in 0..13 {
-        let run = claimed(store.claim(&k, &request("w1")).await.unwrap());
-        store
-            .mark_failed(
-                &run.lease,
-                &Default::default(),
-                &Error::source_permanent("404"),
-                t0,
-            )
-            .await
-            .unwrap();
+        fail_once(&store, &k).await;
         let entry = &store.status("p", None).await.unwrap()[0];
-        let not_before =
-            chrono::DateTime::parse_from_rfc3339(entry.not_before.as_deref().unwrap()).unwrap();
-        waits.push((not_before.with_timezone(&chrono::Utc) - t0).num_seconds());
+        let not_before = time(entry.not_before.as_deref());
+        let failed_at = time(entry.finished_at.as_deref());
+        waits.push((not_before - failed_at).num_seconds());
+        assert!(entry.backing_off, "by the database's clock");
     }
     assert_eq!(&waits[..4], &[60, 120, 240, 480]);
     assert_eq!(*waits.last().unwrap(), 86_400, "capped at a day");
-    let schedule = |at: chrono::DateTime<chrono::Utc>| {
+    let schedule = |respect_backoff: bool| {
         let store = store.clone();
         let key = queue_key(&p, "2024-01-05");
         async move {
@@ -1011,18 +1092,24 @@ async fn failed_key_backs_off_and_only_an_operator_skips_it(postgres: bool) {
                     priority: 0,
                     by: tidemark_load::EnqueuedBy::Schedule,
                     requeue: &[tidemark_load::RunStatus::Failed],
-                    due_at: Some(at),
+                    respect_backoff,
                 })
                 .await
                 .unwrap()
         }
     };
-    assert_eq!(schedule(t0).await, 0, "not before its backoff has passed");
-    assert_eq!(
-        schedule(t0 + chrono::Duration::days(2)).await,
-        1,
-        "queued once it has"
-    );
+    assert_eq!(schedule(true).await, 0, "not before its backoff has passed");
+    execute(
+        &db.url,
+        "UPDATE _tm_runs SET not_before = '2000-01-01T00:00:00.000Z'",
+    )
+    .await;
+    assert!(!store.status("p", None).await.unwrap()[0].backing_off);
+    assert_eq!(schedule(true).await, 1, "queued once it has");
+    // An operator queues a failed key at once.
+    fail_once(&store, &k).await;
+    assert_eq!(schedule(true).await, 0);
+    assert_eq!(schedule(false).await, 1, "an operator: at once");
     store.close().await;
     db.drop_db().await;
 }
@@ -1038,6 +1125,7 @@ both_backends!(
     queue_claims_by_priority_then_age_once_each,
     concurrent_queue_claims_take_each_key_once,
     interrupted_key_is_resumed_and_cancelled_key_is_left,
+    queue_claims_open_periods_only_to_continue_a_provisional_attempt,
     failed_key_backs_off_and_only_an_operator_skips_it,
     ledger_of_the_first_migration_upgrades_with_its_history,
     concurrent_claims_have_exactly_one_winner,
@@ -1221,7 +1309,8 @@ async fn a_large_enqueue_leaves_the_queue_claimed_through_its_index_postgres() {
     let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let plan: Vec<String> = sqlx::query_scalar(
         "EXPLAIN SELECT id FROM _tm_runs
-         WHERE status = 'pending' AND (not_before IS NULL OR not_before <= now()) AND pipeline IN ('p')
+         WHERE status = 'pending' AND pipeline IN ('p')
+           AND (provisional OR (period_end)::timestamptz <= CASE pipeline WHEN 'p' THEN ('2030-01-01T00:00:00Z')::timestamptz END)
          ORDER BY queue_rank LIMIT 1 FOR UPDATE SKIP LOCKED",
     )
     .fetch_all(&mut c)

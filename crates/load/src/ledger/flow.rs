@@ -176,7 +176,10 @@ pub(crate) async fn claim_next<D: Driver>(
     for row in fetch_all(&mut tx, &s.takeover_candidates(pipelines.len()), &takeover).await? {
         // Only a key the rules would take is locked (and judged again,
         // locked, by `take`): a live holder's row is never locked.
-        if matches!(decide(snapshot(&row)?, request), Decision::Held { .. }) {
+        let Some(request) = queue_request(pipelines, &row, request)? else {
+            continue;
+        };
+        if matches!(decide(snapshot(&row)?, &request), Decision::Held { .. }) {
             continue;
         }
         let id = [Arg::Int(row.int("id")?)];
@@ -184,27 +187,24 @@ pub(crate) async fn claim_next<D: Driver>(
             candidates.push(locked);
         }
     }
-    if let Some(next) = fetch_optional(&mut tx, &s.queue_next(pipelines.len()), &names).await? {
+    let cutoffs = due_cutoffs(pipelines);
+    let mut next_args = names.clone();
+    next_args.extend(cutoffs.iter().map(|c| Arg::Text(c)));
+    if let Some(next) = fetch_optional(&mut tx, &s.queue_next(pipelines.len()), &next_args).await? {
         candidates.push(next);
     }
     for row in candidates {
-        let pipeline = row.text("pipeline")?;
-        let Some(queued_for) = pipelines.iter().find(|p| p.name == pipeline) else {
+        let Some(request) = queue_request(pipelines, &row, request)? else {
             continue;
-        };
-        // The attempt records the version and fields of the pipeline it runs
-        // (and a crashed attempt resumes only under the same).
-        let request = ClaimRequest {
-            handler_version: queued_for.handler_version.clone(),
-            fields_fingerprint: queued_for.fields_fingerprint.clone(),
-            ..request.clone()
         };
         if let Claim::Claimed(run) = take::<D>(&mut tx, &row, &request).await? {
             let queued = QueuedRun {
-                pipeline,
+                pipeline: row.text("pipeline")?,
                 source: row.text("source")?,
                 export_type: row.text("export_type")?,
                 period_start: row.text("period_start")?,
+                period_end: row.text("period_end")?,
+                provisional: request.provisional,
                 run: *run,
             };
             tx.commit().await?;
@@ -215,33 +215,87 @@ pub(crate) async fn claim_next<D: Driver>(
     Ok(None)
 }
 
+/// The claim a queue worker makes for a candidate row of `pipelines`, or
+/// `None` when the queue must not take it now: its pipeline is not one
+/// this worker runs, or its period is still open and its last attempt was
+/// not provisional. The attempt records the version and fields of the
+/// pipeline it runs (a stopped attempt resumes only under the same), and
+/// is provisional exactly when its period is still open: it then continues
+/// the provisional attempt `--allow-open` started; once due, the period is
+/// read again from the start ([`super::rules::resumable`]).
+fn queue_request(
+    pipelines: &[QueuePipeline],
+    row: &Record,
+    request: &ClaimRequest,
+) -> Result<Option<ClaimRequest>, Error> {
+    let pipeline = row.text("pipeline")?;
+    let Some(queued_for) = pipelines.iter().find(|p| p.name == pipeline) else {
+        return Ok(None);
+    };
+    let open = !queued_for.is_due(&row.text("period_end")?);
+    if open && row.int("provisional")? == 0 {
+        return Ok(None);
+    }
+    Ok(Some(ClaimRequest {
+        handler_version: queued_for.handler_version.clone(),
+        fields_fingerprint: queued_for.fields_fingerprint.clone(),
+        provisional: open,
+        ..request.clone()
+    }))
+}
+
+/// The due cut-offs of `pipelines`, in their order, as the ledger compares
+/// times.
+fn due_cutoffs(pipelines: &[QueuePipeline]) -> Vec<String> {
+    pipelines
+        .iter()
+        .map(|p| crate::timestamp_text(p.due_before))
+        .collect()
+}
+
 /// Whether anything is left for a draining worker of `pipelines` on this
-/// host: a pending key, or a running key whose lease has expired or whose
-/// holder on this host is gone. A key held by a live worker elsewhere is
-/// that worker's.
+/// host: what [`claim_next`] could claim now, by the same rules: a pending
+/// key that is due or continues a provisional attempt, or a running key
+/// whose lease has expired or whose holder on this host is gone. A key held
+/// by a live worker elsewhere is that worker's; a key whose period is still
+/// open is left for when it is due (a `serve` without `--drain` claims it
+/// then).
 pub(crate) async fn work_left<D: Driver>(
     driver: &D,
-    pipelines: &[String],
+    pipelines: &[QueuePipeline],
     me: &WorkerId,
 ) -> Result<bool, Error> {
     if pipelines.is_empty() {
         return Ok(false);
     }
     let s = sql::<D>();
+    let cutoffs = due_cutoffs(pipelines);
     let mut args = vec![Arg::Text(&me.host)];
-    args.extend(pipelines.iter().map(|p| Arg::Text(p)));
+    args.extend(pipelines.iter().map(|p| Arg::Text(&p.name)));
+    args.extend(cutoffs.iter().map(|c| Arg::Text(c)));
     let mut tx = driver.begin_read().await?;
     let rows = fetch_all(&mut tx, &s.leftovers(pipelines.len()), &args).await?;
     tx.commit().await?;
     for row in rows {
         let status: RunStatus = row.state("status")?;
+        if status == RunStatus::Pending {
+            return Ok(true);
+        }
+        let (pipeline, end) = (row.text("pipeline")?, row.text("period_end")?);
+        let open = pipelines
+            .iter()
+            .find(|p| p.name == pipeline)
+            .is_some_and(|p| !p.is_due(&end));
+        if open && row.int("provisional")? == 0 {
+            continue;
+        }
         let live = row.int("lease_live")? == 1;
         let dead = super::rules::holder_is_dead(
             row.opt_text("lease_host")?.as_deref(),
             row.opt_int("lease_pid")?,
             me,
         );
-        if status == RunStatus::Pending || !live || dead {
+        if !live || dead {
             return Ok(true);
         }
     }
@@ -256,7 +310,6 @@ pub(crate) async fn enqueue<D: Driver>(driver: &D, batch: &Enqueue<'_>) -> Resul
     /// Keys per statement.
     const CHUNK: usize = 10_000;
     let s = sql::<D>();
-    let scheduler_clock = batch.due_at.map(crate::timestamp_text);
     let head = [
         Arg::Text(batch.pipeline),
         Arg::Text(batch.export_type),
@@ -283,10 +336,7 @@ pub(crate) async fn enqueue<D: Driver>(driver: &D, batch: &Enqueue<'_>) -> Resul
             .map(|k| serde_json::json!([k.source, k.period_start]))
             .collect();
         let mut args = head.to_vec();
-        args.extend([
-            Arg::OptText(scheduler_clock.as_deref()),
-            Arg::Json(Some(&existing)),
-        ]);
+        args.extend([Arg::Bool(batch.respect_backoff), Arg::Json(Some(&existing))]);
         queued += tx.execute(&s.requeue(batch.requeue), &args).await?;
     }
     if queued > 0 {
@@ -393,6 +443,7 @@ pub(super) fn snapshot(row: &Record) -> Result<Snapshot, Error> {
         lease_pid: row.opt_int("lease_pid")?,
         lease_expires_at: row.opt_text("lease_expires_at")?,
         lease_live: row.int("lease_live")? == 1,
+        provisional: row.int("provisional")? != 0,
         checkpoint: row.json("checkpoint")?,
         result: row.json("result")?,
         handler_version: row.opt_text("handler_version")?,
@@ -484,16 +535,15 @@ async fn end_attempt<D: Driver>(
     Ok(())
 }
 
-/// Records a failed attempt (fenced: a superseded attempt changes nothing).
+/// Records a failed attempt (fenced: a superseded attempt changes nothing);
+/// its back-off counts from the database's clock.
 pub(crate) async fn mark_failed<D: Driver>(
     driver: &D,
     lease: &Lease,
     counts: &Counts,
     error: &Error,
-    now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), Error> {
     let message = error.to_string();
-    let now = crate::timestamp_text(now);
     let mut tx = driver.begin().await?;
     let updated = tx
         .execute(
@@ -503,7 +553,6 @@ pub(crate) async fn mark_failed<D: Driver>(
                 Arg::Text(&message),
                 Arg::Int(lease.run_ref),
                 Arg::Int(lease.attempt),
-                Arg::Text(&now),
                 Arg::OptInt(counts.rows_expected.and_then(|n| i64::try_from(n).ok())),
             ],
         )
@@ -611,6 +660,7 @@ fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
         lease_expires_at: row.opt_text("lease_expires_at")?,
         priority: row.int("priority")?,
         not_before: row.opt_text("not_before")?,
+        backing_off: row.int("backing_off")? != 0,
         enqueued_by: row.opt_text("enqueued_by")?,
     })
 }
@@ -619,7 +669,7 @@ fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
 /// attempt rows and reject rows removed. An age reaching before the year 1
 /// is refused, never turned into "delete everything".
 pub(crate) async fn prune<D: Driver>(driver: &D, age: Duration) -> Result<(u64, u64), Error> {
-    let cutoff = chrono::Duration::from_std(age)
+    chrono::Duration::from_std(age)
         .ok()
         .and_then(|age| chrono::Utc::now().checked_sub_signed(age))
         .filter(|at| chrono::Datelike::year(at) >= 1)
@@ -630,11 +680,13 @@ pub(crate) async fn prune<D: Driver>(driver: &D, age: Duration) -> Result<(u64, 
                 format!("{age:?} reaches back before the year 1"),
             )
         })?;
-    let cutoff = crate::timestamp_text(cutoff);
+    // The cut-off is the database's clock minus `age`: the times compared
+    // are the database's (this process's clock may be skewed).
+    let age = [Arg::Float(age.as_secs_f64())];
     let s = sql::<D>();
     let mut tx = driver.begin().await?;
-    let attempts = tx.execute(&s.prune_attempts, &[Arg::Text(&cutoff)]).await?;
-    let rejects = tx.execute(&s.prune_rejects, &[Arg::Text(&cutoff)]).await?;
+    let attempts = tx.execute(&s.prune_attempts, &age).await?;
+    let rejects = tx.execute(&s.prune_rejects, &age).await?;
     tx.commit().await?;
     Ok((attempts, rejects))
 }
@@ -832,12 +884,22 @@ async fn finish_in<D: Driver>(
             .remove_vanished(tx, schema, lineage, reconcile.on_missing, &vanished)
             .await?;
     }
-    let finished_at = crate::timestamp_text(chrono::Utc::now());
-    let result = result_json(lineage, lease, &counts, &finished_at);
+    let result = result_json(lineage, lease, &counts);
     let mut args = vec![Arg::Json(Some(&result))];
     args.extend(count_args(&counts));
     args.push(Arg::Int(lease.run_ref));
-    tx.execute(&s.finish_run, &args).await?;
+    // The stored result, with its `finished_at` from the database's clock.
+    let result = fetch_optional(tx, &s.finish_run, &args)
+        .await?
+        .and_then(|row| row.json("result").transpose())
+        .transpose()?
+        .ok_or_else(|| Error::Database {
+            message: format!(
+                "the ledger row of run {} vanished as it finished",
+                lease.run_id
+            ),
+            transient: true,
+        })?;
     end_attempt::<D>(tx, lease, AttemptStatus::Done, &counts, None).await?;
     if batch_rows {
         tx.execute(&s.delete_batches, &[Arg::Int(lease.run_ref)])

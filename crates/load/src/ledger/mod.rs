@@ -313,6 +313,21 @@ pub struct QueuePipeline {
     pub handler_version: String,
     /// The fingerprint of its `[fields]`.
     pub fields_fingerprint: String,
+    /// Its periods ending at or before this instant are due (the clock
+    /// that decides what is due, `TIDEMARK_NOW`-aware, minus `period.lag`).
+    /// A queued key of a period still open is claimed only to continue a
+    /// provisional attempt (one that `--allow-open` started).
+    pub due_before: chrono::DateTime<chrono::Utc>,
+}
+
+impl QueuePipeline {
+    /// Whether a period ending at `period_end` (RFC 3339) is due. A text
+    /// that is not a time is taken as due: the worker then finds the key
+    /// unrunnable and fails it with the reason, rather than never
+    /// claiming it.
+    pub(crate) fn is_due(&self, period_end: &str) -> bool {
+        chrono::DateTime::parse_from_rfc3339(period_end).map_or(true, |end| end <= self.due_before)
+    }
 }
 
 /// A key claimed from the work queue, with the identity its row holds.
@@ -326,6 +341,12 @@ pub struct QueuedRun {
     pub export_type: String,
     /// Period start as stored (RFC 3339).
     pub period_start: String,
+    /// Period end as stored (RFC 3339): with the start, the period the key
+    /// was queued for (a changed granularity keeps some starts, not ends).
+    pub period_end: String,
+    /// The claimed attempt is provisional: its period is still open, and it
+    /// continues a provisional attempt (`--allow-open`).
+    pub provisional: bool,
     /// The claimed attempt.
     pub run: ClaimedRun,
 }
@@ -379,9 +400,9 @@ pub struct Enqueue<'a> {
     /// Existing keys in these states go back to `pending` (fresh); keys in
     /// other states (pending, running, ...) are left as they are.
     pub requeue: &'a [RunStatus],
-    /// The scheduler's clock: a failed key is re-queued only once its
-    /// `not_before` has passed. `None`: an operator, at once.
-    pub due_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The scheduler: a failed key is re-queued only once its `not_before`
+    /// has passed by the database's clock. `false`: an operator, at once.
+    pub respect_backoff: bool,
 }
 
 /// One ledger row as `status` shows it.
@@ -435,6 +456,10 @@ pub struct LedgerEntry {
     pub priority: i64,
     /// When a failed key may run again (its backoff), if it failed.
     pub not_before: Option<String>,
+    /// Its `not_before` has not passed yet by the database's clock (the
+    /// clock that stored it), whatever `TIDEMARK_NOW` says.
+    #[serde(skip)]
+    pub backing_off: bool,
     /// Who queued the key last: schedule, backfill or operator.
     pub enqueued_by: Option<String>,
 }

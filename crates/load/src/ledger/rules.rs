@@ -19,6 +19,8 @@ pub(crate) struct Snapshot {
     /// Handler version and `[fields]` fingerprint the attempt started with.
     pub handler_version: Option<String>,
     pub fields_fingerprint: Option<String>,
+    /// The attempt started while its period was open (`--allow-open`).
+    pub provisional: bool,
 }
 
 /// What a claim does with the row it locked.
@@ -95,9 +97,15 @@ fn resume_point(row: Snapshot, request: &ClaimRequest) -> Option<(serde_json::Va
 /// written under other fields (a column added since) would otherwise stay
 /// as they were, never re-read, under a ledger row that records the new
 /// fingerprint and so never looks stale; the period starts over instead.
+///
+/// And it was as provisional as this claim: batches read while the period
+/// was open are continued only while it is still open (the result stays
+/// provisional); once it is due they are read again from the start, or a
+/// final `done` would stand on rows read before the period closed.
 pub(crate) fn resumable(row: &Snapshot, request: &ClaimRequest) -> bool {
     row.handler_version.as_deref() == Some(request.handler_version.as_str())
         && row.fields_fingerprint.as_deref() == Some(request.fields_fingerprint.as_str())
+        && row.provisional == request.provisional
 }
 
 /// Whether a lease holder is provably dead: it ran on this host, it is not
@@ -180,7 +188,46 @@ mod tests {
             result: None,
             handler_version: Some("1".into()),
             fields_fingerprint: Some("id:1".into()),
+            provisional: false,
         }
+    }
+
+    #[test]
+    fn a_provisional_attempt_is_continued_only_while_its_period_is_open() {
+        let stopped = Snapshot {
+            status: RunStatus::Pending,
+            provisional: true,
+            ..running("h2", 1, false)
+        };
+        let open = ClaimRequest {
+            provisional: true,
+            ..request(false)
+        };
+        // Still open: continued, provisional.
+        assert!(matches!(
+            decide(stopped.clone(), &open),
+            Decision::Take {
+                resume: Some(_),
+                ..
+            }
+        ));
+        // Due now: read again from the start, under a new run id.
+        assert!(matches!(
+            decide(stopped.clone(), &request(false)),
+            Decision::Take { resume: None, .. }
+        ));
+        // The same for a crashed provisional attempt.
+        let crashed = Snapshot {
+            status: RunStatus::Running,
+            ..stopped
+        };
+        assert!(matches!(
+            decide(crashed, &request(false)),
+            Decision::Take {
+                resume: None,
+                previous_lost: true
+            }
+        ));
     }
 
     #[test]

@@ -41,11 +41,13 @@ impl Dialect {
         }
     }
 
-    /// A time bound as a parameter, as the column type wants it.
-    fn time_param(self, param: &str) -> String {
+    /// The current time minus `param` seconds (a float parameter).
+    fn now_minus_secs(self, param: &str) -> String {
         match self {
-            Dialect::Postgres => format!("{param}::timestamptz"),
-            Dialect::Sqlite => param.to_string(),
+            Dialect::Postgres => format!("now() - make_interval(secs => {param})"),
+            Dialect::Sqlite => {
+                format!("strftime('%Y-%m-%dT%H:%M:%fZ', julianday('now') - {param} / 86400.0)")
+            }
         }
     }
 
@@ -59,16 +61,17 @@ impl Dialect {
         }
     }
 
-    /// The instant `at` (a time parameter) plus the backoff of a key that
-    /// has failed `failures` times before: one minute, doubling, at most a
-    /// day.
-    fn backoff_after(self, at: &str, failures: &str) -> String {
+    /// The database's current time plus the backoff of a key that has
+    /// failed `failures` times before: one minute, doubling, at most a day.
+    /// The database's clock, like every time the ledger stores: a worker
+    /// whose clock is behind would otherwise store a back-off already over.
+    fn backoff_from_now(self, failures: &str) -> String {
         match self {
             Dialect::Postgres => format!(
-                "{at}::timestamptz + make_interval(secs => LEAST(60 * power(2, LEAST({failures}, 11)), 86400))"
+                "now() + make_interval(secs => LEAST(60 * power(2, LEAST({failures}, 11)), 86400))"
             ),
             Dialect::Sqlite => format!(
-                "strftime('%Y-%m-%dT%H:%M:%fZ', julianday({at}) + MIN(60 * (1 << MIN({failures}, 11)), 86400) / 86400.0)"
+                "strftime('%Y-%m-%dT%H:%M:%fZ', julianday('now') + MIN(60 * (1 << MIN({failures}, 11)), 86400) / 86400.0)"
             ),
         }
     }
@@ -79,6 +82,20 @@ impl Dialect {
         match self {
             Dialect::Postgres => format!("({expr})::timestamptz"),
             Dialect::Sqlite => format!("julianday({expr})"),
+        }
+    }
+
+    /// The JSON object `param` with its `finished_at` set to the database's
+    /// current time, as SQLite stores times (RFC 3339, UTC, milliseconds).
+    fn with_finished_at(self, param: &str) -> String {
+        match self {
+            Dialect::Postgres => format!(
+                "jsonb_set({param}::jsonb, '{{finished_at}}', \
+                 to_jsonb(to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')))"
+            ),
+            Dialect::Sqlite => {
+                format!("json_set({param}, '$.finished_at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))")
+            }
         }
     }
 
@@ -122,12 +139,13 @@ impl Dialect {
 /// continues from).
 fn claim_columns(d: Dialect) -> String {
     format!(
-        "id, pipeline, source, export_type, period_start, status, attempt, run_id, lease_owner, lease_host,
-         lease_pid, lease_expires_at,
-         CAST(CASE WHEN lease_expires_at > {} THEN 1 ELSE 0 END AS BIGINT) AS lease_live,
-         checkpoint, batches, result, handler_version, fields_fingerprint, {}",
-        d.now(),
-        Counts::COLUMNS.join(", ")
+        "id, pipeline, source, export_type, period_start, period_end, status, attempt, run_id, lease_owner,
+         lease_host, lease_pid, lease_expires_at,
+         CAST(CASE WHEN lease_expires_at > {now} THEN 1 ELSE 0 END AS BIGINT) AS lease_live,
+         CAST(CASE WHEN provisional THEN 1 ELSE 0 END AS BIGINT) AS provisional,
+         checkpoint, batches, result, handler_version, fields_fingerprint, {counts}",
+        now = d.now(),
+        counts = Counts::COLUMNS.join(", ")
     )
 }
 
@@ -167,8 +185,8 @@ pub(crate) struct Statements {
     /// `$1` run ref, `$2` attempt. The first statement of every write
     /// transaction of an attempt.
     pub fence: String,
-    /// `$1` class, `$2` message, `$3` run ref, `$4` attempt, `$5` the
-    /// clock, `$6` rows expected (or NULL).
+    /// `$1` class, `$2` message, `$3` run ref, `$4` attempt, `$5` rows
+    /// expected (or NULL). The back-off counts from the database's clock.
     pub fail_run: String,
     /// `$1` status, then the counts, the class, the message, the run ref
     /// and the attempt.
@@ -180,7 +198,8 @@ pub(crate) struct Statements {
     /// `$1` checkpoint (or NULL to keep it), `$2` batches, then the counts
     /// and the run ref.
     pub save_progress: String,
-    /// `$1` result, `$2` run ref.
+    /// `$1` result, then the counts and the run ref. Returns the stored
+    /// result.
     pub finish_run: String,
     /// `$1` run ref, `$2` run id, `$3` batch number, `$4` key hashes.
     pub insert_batch_keys: String,
@@ -189,9 +208,9 @@ pub(crate) struct Statements {
     pub insert_reject: String,
     /// `$1` pipeline, `$2` period start or NULL.
     pub status: String,
-    /// `$1` cut-off time.
+    /// `$1` age in seconds (from the database's clock, which stamped them).
     pub prune_attempts: String,
-    /// `$1` cut-off time.
+    /// `$1` age in seconds.
     pub prune_rejects: String,
     /// `$1` run ref, `$2` attempt, `$3` message: back to `pending` with the
     /// lease released and the checkpoint kept.
@@ -295,10 +314,10 @@ impl Statements {
             fail_run: format!(
                 "UPDATE _tm_runs SET status = '{}', error_class = $1, error_message = $2, finished_at = {now},
                         {release}, failures = failures + 1, not_before = {}, updated_at = {now},
-                        rows_expected = $6
+                        rows_expected = $5
                  WHERE id = $3 AND attempt = $4 AND status = '{running}'",
                 RunStatus::Failed.as_str(),
-                d.backoff_after("$5", "failures"),
+                d.backoff_from_now("failures"),
             ),
             end_attempt: format!(
                 "UPDATE _tm_attempts SET status = $1, {}, error_class = ${class}, error_message = ${message},
@@ -328,12 +347,15 @@ impl Statements {
                 count_sets(3),
                 after_counts(3)
             ),
-            // The final counts go with `done`, in the same statement.
+            // The final counts go with `done`, in the same statement; the
+            // result's `finished_at` is the database's clock, as the column.
             finish_run: format!(
-                "UPDATE _tm_runs SET status = '{}', result = $1, finished_at = {now}, checkpoint = NULL, {release},
-                        failures = 0, not_before = NULL, {}
-                 WHERE id = ${}",
+                "UPDATE _tm_runs SET status = '{}', result = {}, finished_at = {now}, checkpoint = NULL,
+                        {release}, failures = 0, not_before = NULL, {}
+                 WHERE id = ${}
+                 RETURNING result",
                 RunStatus::Done.as_str(),
+                d.with_finished_at("$1"),
                 count_sets(2),
                 after_counts(2)
             ),
@@ -349,7 +371,8 @@ impl Statements {
             // carries its local offset, so text order puts the second
             // 02:00 of a DST fall-back day before the first.
             status: format!(
-                "SELECT * FROM _tm_runs WHERE pipeline = $1
+                "SELECT *, CAST(CASE WHEN not_before > {now} THEN 1 ELSE 0 END AS BIGINT) AS backing_off
+                 FROM _tm_runs WHERE pipeline = $1
                    AND ($2 IS NULL OR {start} >= {from}) AND ($3 IS NULL OR {start} <= {to})
                  ORDER BY {start}, source, export_type",
                 start = d.instant("period_start"),
@@ -358,15 +381,15 @@ impl Statements {
             ),
             prune_attempts: format!(
                 "DELETE FROM _tm_attempts WHERE finished_at IS NOT NULL AND finished_at < {}",
-                d.time_param("$1")
+                d.now_minus_secs("$1")
             ),
             prune_rejects: format!(
                 "DELETE FROM _tm_rejects WHERE created_at < {}",
-                d.time_param("$1")
+                d.now_minus_secs("$1")
             ),
             interrupt_run: format!(
                 "UPDATE _tm_runs SET status = '{}', error_class = 'interrupted', error_message = $3, {release},
-                        enqueued_at = COALESCE(enqueued_at, {now}), queue_rank = COALESCE(queue_rank, {now}),
+                        not_before = NULL, enqueued_at = COALESCE(enqueued_at, {now}), queue_rank = COALESCE(queue_rank, {now}),
                         enqueued_by = COALESCE(enqueued_by, 'operator'), updated_at = {now}
                  WHERE id = $1 AND attempt = $2 AND status = '{running}'",
                 RunStatus::Pending.as_str()
@@ -384,18 +407,43 @@ impl Statements {
     }
 
     /// The first claimable key of the queue among `pipelines` pipelines
-    /// (`$1..$n`): `pending`, past its `not_before`, by rank.
+    /// (`$1..$n`, with their due cut-offs `$n+1..$2n`): `pending`, and due
+    /// or continuing a provisional attempt ([`Statements::claimable`]), by
+    /// rank. A pending key is claimable at once: the back-off belongs to
+    /// failed keys, which re-enter the queue only once it has passed.
     pub(crate) fn queue_next(&self, pipelines: usize) -> String {
         let d = self.dialect;
         format!(
             "SELECT {} FROM _tm_runs
-             WHERE status = '{}' AND (not_before IS NULL OR not_before <= {}) AND pipeline IN ({})
+             WHERE status = '{}' AND pipeline IN ({}) AND {}
              ORDER BY queue_rank LIMIT 1{}",
             claim_columns(d),
             RunStatus::Pending.as_str(),
-            d.now(),
             params(1, pipelines),
+            self.claimable(1, pipelines),
             d.skip_locked()
+        )
+    }
+
+    /// The queue's open-period rule in SQL: the key's period is due (its
+    /// end at or before its pipeline's cut-off: pipeline names from
+    /// `$first`, cut-offs right after them), or its last attempt was
+    /// provisional (`--allow-open`), which a claim continues, provisional.
+    /// The same rule as [`super::QueuePipeline::is_due`] in `claim_next`.
+    fn claimable(&self, first: usize, pipelines: usize) -> String {
+        let d = self.dialect;
+        let cutoffs: String = (0..pipelines)
+            .map(|i| {
+                format!(
+                    " WHEN ${} THEN {}",
+                    first + i,
+                    d.instant(&format!("${}", first + pipelines + i))
+                )
+            })
+            .collect();
+        format!(
+            "(provisional OR {} <= CASE pipeline{cutoffs} END)",
+            d.instant("period_end")
         )
     }
 
@@ -455,9 +503,9 @@ impl Statements {
 
     /// Puts existing keys in `states` back into the queue, fresh (no
     /// checkpoint). `$1` pipeline, `$2` export type, `$3` priority, `$4`
-    /// enqueued by, `$5` the scheduler's clock (a failed key waits for its
-    /// `not_before`) or NULL (an operator: at once), `$6` the keys as a
-    /// JSON array of `[source, period start]`.
+    /// enqueued by, `$5` whether a failed key waits for its `not_before`
+    /// (the scheduler) or not (an operator: at once), by the database's
+    /// clock, `$6` the keys as a JSON array of `[source, period start]`.
     pub(crate) fn requeue(&self, states: &[RunStatus]) -> String {
         let d = self.dialect;
         let now = d.now();
@@ -469,14 +517,13 @@ impl Statements {
              WHERE _tm_runs.pipeline = $1 AND _tm_runs.export_type = $2
                AND _tm_runs.source = keys.key_source AND _tm_runs.period_start = keys.key_start
                AND _tm_runs.status IN ({})
-               AND ($5 IS NULL OR _tm_runs.not_before IS NULL OR _tm_runs.not_before <= {})",
+               AND (NOT $5 OR _tm_runs.not_before IS NULL OR _tm_runs.not_before <= {now})",
             RunStatus::Pending.as_str(),
             d.now_minus_minutes("$3"),
             d.json_element(0),
             d.json_element(1),
             d.json_rows("$6"),
             states.join(", "),
-            d.time_param("$5"),
         )
     }
 
@@ -498,22 +545,25 @@ impl Statements {
         )
     }
 
-    /// What is left for a draining worker of `pipelines` (`$2..`) on host
-    /// `$1`: pending keys, and running keys whose lease has expired or whose
-    /// holder ran on this host (maybe dead: the worker checks).
+    /// What is left for a draining worker of `pipelines` (`$2..`, their
+    /// due cut-offs after them) on host `$1`: what [`Statements::queue_next`]
+    /// could claim (pending keys, claimable now), and running keys whose
+    /// lease has expired or whose holder ran on this host (maybe dead, maybe
+    /// of a period still open: the worker checks, with the claim's rules).
     pub(crate) fn leftovers(&self, pipelines: usize) -> String {
         let d = self.dialect;
         format!(
-            "SELECT status, lease_host, lease_pid,
-                    CAST(CASE WHEN lease_expires_at > {} THEN 1 ELSE 0 END AS BIGINT) AS lease_live
+            "SELECT pipeline, period_end, status, lease_host, lease_pid,
+                    CAST(CASE WHEN lease_expires_at > {now} THEN 1 ELSE 0 END AS BIGINT) AS lease_live,
+                    CAST(CASE WHEN provisional THEN 1 ELSE 0 END AS BIGINT) AS provisional
              FROM _tm_runs
-             WHERE pipeline IN ({}) AND (status = '{}'
-                   OR (status = '{}' AND (lease_expires_at IS NULL OR lease_expires_at <= {} OR lease_host = $1)))",
-            d.now(),
+             WHERE pipeline IN ({}) AND ((status = '{}' AND {})
+                   OR (status = '{}' AND (lease_expires_at IS NULL OR lease_expires_at <= {now} OR lease_host = $1)))",
             params(2, pipelines),
             RunStatus::Pending.as_str(),
+            self.claimable(2, pipelines),
             RunStatus::Running.as_str(),
-            d.now(),
+            now = d.now(),
         )
     }
 }

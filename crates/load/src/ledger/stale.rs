@@ -65,6 +65,7 @@ mod tests {
             lease_expires_at: None,
             priority: 0,
             not_before: None,
+            backing_off: false,
             enqueued_by: None,
         }
     }
