@@ -347,7 +347,7 @@ impl State {
         let expect_count = self.expect_count.as_ref();
         let (decoded, body_hash) = fetcher
             .with_retries(&shown, at.number, || async move {
-                let fetched = fetcher.get(url_ref, shown_ref).await?;
+                let fetched = fetcher.get(url_ref, shown_ref, at_ref.number).await?;
                 let body_hash = xxh3_64(&fetched.body);
                 let input = PageInput {
                     resource: Arc::clone(shown_ref),
