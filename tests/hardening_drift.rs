@@ -5,5 +5,6 @@
 //! while a body the transport cut is retried. Every scenario runs the real
 //! binary on SQLite and PostgreSQL.
 
+mod added_fields;
 mod bodies;
 mod raw_server;
