@@ -52,6 +52,15 @@ async fn rows_before_note(env: &Env) -> Vec<Vec<Option<String>>> {
     rows
 }
 
+/// `backfill p --from 2024-01-01 --to 2024-01-02 --only ONLY`.
+fn backfill_first_two_days(env: &Env, only: &str) -> crate::support::Out {
+    let range = ["--from", "2024-01-01", "--to", "2024-01-02"];
+    let mut args = vec!["backfill", "p"];
+    args.extend(range);
+    args.extend(["--only", only]);
+    env.tidemark(&args)
+}
+
 #[track_caller]
 fn assert_done(entry: &Json) {
     assert_eq!(entry["status"], "done", "{entry}");
@@ -93,29 +102,11 @@ async fn added_field_never_fails_a_done_period(backend: Backend) {
     // `note`.
     let second = env.path("pipelines/data/2024-01-02.csv");
     std::fs::rename(&second, env.path("away.csv")).unwrap();
-    let out = env.tidemark(&[
-        "backfill",
-        "p",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2024-01-02",
-        "--only",
-        "stale",
-    ]);
+    let out = backfill_first_two_days(&env, "stale");
     out.expect_code(1, "the second day's file is away");
     assert_eq!(ledger(&env, "p", "2024-01-02")["error_class"], "source");
     std::fs::rename(env.path("away.csv"), &second).unwrap();
-    let out = env.tidemark(&[
-        "backfill",
-        "p",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2024-01-02",
-        "--only",
-        "failed",
-    ]);
+    let out = backfill_first_two_days(&env, "failed");
     out.expect_code(0, "the stale days re-run");
     for day in ["2024-01-01", "2024-01-02"] {
         assert_done(&ledger(&env, "p", day));
