@@ -14,6 +14,7 @@ use crate::support::{backend_tests, Backend, Env};
 
 backend_tests! {
     added_field_never_fails_a_done_period: added_field_never_fails_a_done_period_sqlite, added_field_never_fails_a_done_period_postgres;
+    added_field_never_fails_a_queued_stale_period: added_field_never_fails_a_queued_stale_period_sqlite, added_field_never_fails_a_queued_stale_period_postgres;
     declared_added_field_loads_null_until_its_first_period: declared_added_field_loads_null_until_its_first_period_sqlite, declared_added_field_loads_null_until_its_first_period_postgres;
 }
 
@@ -137,6 +138,43 @@ async fn added_field_never_fails_a_done_period(backend: Backend) {
         "{message}"
     );
     assert_eq!(rows(&env).await[2..4], loaded[2..4], "nothing written");
+}
+
+/// The same through the queue: the stale days enqueued, then `serve
+/// --drain` claims them (one claim path for every command): `done`, not
+/// stale, `note` NULL, rows unwritten.
+async fn added_field_never_fails_a_queued_stale_period(backend: Backend) {
+    let env = Env::new(backend).await;
+    pipeline(&env, ID_V);
+    day_file(
+        &env,
+        "2024-01-01",
+        "id,v
+a,1
+",
+    );
+    day_file(
+        &env,
+        "2024-01-02",
+        "id,v
+b,2
+",
+    );
+    backfill_first_two_days(&env, "missing").expect_code(0, "two days of id,v");
+    let loaded = rows_before_note(&env).await;
+    pipeline(&env, &format!("{ID_V}\nnote = {{ type = \"text\" }}"));
+    let range = ["--from", "2024-01-01", "--to", "2024-01-02"];
+    let mut enqueue = vec!["backfill", "p", "--enqueue", "--only", "stale"];
+    enqueue.extend(range);
+    env.tidemark(&enqueue)
+        .expect_code(0, "enqueue the stale days");
+    env.spawn(&["serve", "--no-schedule", "--workers", "1", "--drain"])
+        .finish(std::time::Duration::from_secs(60))
+        .expect_code(0, "the queue drains");
+    for day in ["2024-01-01", "2024-01-02"] {
+        assert_done(&ledger(&env, "p", day));
+    }
+    assert_eq!(rows(&env).await, loaded, "unchanged rows are not written");
 }
 
 /// `added = "2024-01-03"` on a field with a `default`: days before it load

@@ -121,8 +121,10 @@ async fn undecodable_body_fails_as_parse_after_one_request(backend: Backend) {
         assert!(!out.stderr.contains("sekrit-4711"), "{name}\n{out}");
         assert!(!message.contains("sekrit-4711"), "{name}: {message}");
         assert!(
-            out.stderr.contains("pipeline") || out.stderr.contains("api"),
-            "{out}"
+            out.stderr.contains(&format!(
+                "pipeline api, source src, export_type t, period {DAY}"
+            )) && out.stderr.contains("parse error"),
+            "{name}: the error line names pipeline, source and period\n{out}"
         );
         assert_eq!(env.db.count("FROM api").await, 0, "{name}");
     }
