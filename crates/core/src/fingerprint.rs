@@ -64,12 +64,13 @@ impl FieldsFingerprint {
     /// marked new) marked new to the period (see the module docs). A row
     /// without a fingerprint (never claimed, or by a build before
     /// fingerprints) marks nothing: nothing says what the period was
-    /// loaded with.
+    /// loaded with; nor does one whose text names no field (empty, or
+    /// edited by hand).
     pub fn carry(&self, previous: Option<&str>) -> String {
-        let Some(previous) = previous else {
+        let then = previous.map(entries).unwrap_or_default();
+        if then.is_empty() {
             return self.0.clone();
-        };
-        let then = entries(previous);
+        }
         self.0
             .split(' ')
             .map(|entry| {
@@ -297,6 +298,8 @@ mod tests {
         // The mark outlives the next claim; a period never seen marks nothing.
         assert_eq!(after.carry(Some(&stored)), stored);
         assert_eq!(after.carry(None), after.as_str());
+        assert_eq!(after.carry(Some("")), after.as_str());
+        assert_eq!(after.carry(Some("garbage")), after.as_str());
         assert!(new_fields(&after.carry(Some(after.as_str()))).is_empty());
         // A field changed since is stale, marked or not.
         let mut text = field(FieldType::Text);

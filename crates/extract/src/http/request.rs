@@ -640,39 +640,39 @@ enum BodyFailure {
 }
 
 impl BodyFailure {
-    /// Decided from the error's causes, by type, not by message: a cause
-    /// from hyper (the HTTP/1 transport) is a cut when it is an end of
-    /// input, a reset, an incomplete message or a timeout, and garbage
-    /// framing otherwise; a timeout of the client's is a cut; any other
-    /// cause comes from a decoder above the transport (gzip), which read
-    /// a body the transport delivered whole.
+    /// Decided from the error's causes, by type, not by message. A cause
+    /// from hyper (the HTTP/1 transport) is garbage framing when its I/O
+    /// cause says the data is invalid (a chunk size line that is not one),
+    /// and a cut otherwise (end of input before the declared end, a reset,
+    /// an incomplete message, a time-out). Without one, a time-out of the
+    /// client's is a cut, and any other cause comes from a decoder above
+    /// the transport (gzip) that read a body the transport delivered whole.
     fn of(err: &reqwest::Error) -> BodyFailure {
         if err.is_timeout() {
             return BodyFailure::Cut;
         }
         let causes = causes(err);
-        let from_transport = causes
+        let transport = causes
             .iter()
             .position(|c| c.downcast_ref::<hyper::Error>().is_some());
-        let Some(at) = from_transport else {
+        let Some(at) = transport else {
             return match causes.iter().any(|c| is_timeout(*c)) {
                 true => BodyFailure::Cut,
                 false => BodyFailure::Undecodable,
             };
         };
-        let transport = causes[at].downcast_ref::<hyper::Error>();
-        if transport.is_some_and(|h| h.is_incomplete_message() || h.is_timeout()) {
-            return BodyFailure::Cut;
-        }
-        let io_kind = causes[at..]
+        let invalid = causes[at..]
             .iter()
             .find_map(|c| c.downcast_ref::<std::io::Error>())
-            .map(std::io::Error::kind);
-        match io_kind {
-            Some(std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput) => {
-                BodyFailure::Undecodable
-            }
-            _ => BodyFailure::Cut,
+            .is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
+                )
+            });
+        match invalid {
+            true => BodyFailure::Undecodable,
+            false => BodyFailure::Cut,
         }
     }
 }
