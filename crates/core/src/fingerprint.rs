@@ -20,7 +20,9 @@
 //! the field loads as NULL (or its default), which is what the period's
 //! rows already held. A claim records the mark ([`FieldsFingerprint::carry`])
 //! so it outlives the attempt: a failed or forced re-run of the period
-//! still knows. Comparisons ignore the mark ([`same_fields`]).
+//! still knows. Changing the field's definition drops the mark (values may
+//! have been loaded from its old column). Comparisons ignore the mark
+//! ([`same_fields`]).
 
 use std::collections::BTreeMap;
 
@@ -60,8 +62,9 @@ impl FieldsFingerprint {
     }
 
     /// The fingerprint a claim records for a period whose ledger row held
-    /// `previous`: this one, with every field that `previous` lacks (or
-    /// marked new) marked new to the period (see the module docs). A row
+    /// `previous`: this one, with every field that `previous` lacks, or
+    /// marked new under the same definition, marked new to the period (see
+    /// the module docs). A row
     /// without a fingerprint (never claimed, or by a build before
     /// fingerprints) marks nothing: nothing says what the period was
     /// loaded with; nor does one whose text names no field (empty, or
@@ -74,8 +77,14 @@ impl FieldsFingerprint {
         self.0
             .split(' ')
             .map(|entry| {
-                let name = entry.split_once(':').map_or(entry, |(name, _)| name);
-                let new = then.get(name).map_or(true, |digest| digest.ends_with(NEW));
+                let (name, digest) = entry.split_once(':').unwrap_or((entry, ""));
+                // A marked field whose definition changed since loses its
+                // mark: the period may have loaded values from its old
+                // column, which an export without the new one must not
+                // turn into NULL.
+                let new = then
+                    .get(name)
+                    .map_or(true, |old| old.strip_suffix(NEW) == Some(digest));
                 match new && !entry.is_empty() {
                     true => format!("{entry}{NEW}"),
                     false => entry.to_string(),
@@ -307,6 +316,9 @@ mod tests {
         let renamed =
             FieldsFingerprint::of(&fields(&[("id", field(FieldType::Text)), ("note", text)]));
         assert_eq!(renamed.changes_since(&stored).as_deref(), Some("~ note"));
-        assert_eq!(new_fields(&renamed.carry(Some(&stored))), ["note"]);
+        assert!(
+            new_fields(&renamed.carry(Some(&stored))).is_empty(),
+            "a changed definition may have loaded values: the mark goes"
+        );
     }
 }
