@@ -227,15 +227,12 @@ impl Job {
             self.store.ensure_table(&schema)
         })
         .await?;
-        let transformer = Arc::new(Transformer::new(
-            pipeline,
-            &self.source_id,
-            &self.key.period,
-        )?);
+        let reads = self.period_view(&run);
+        let transformer = Arc::new(Transformer::new(&reads, &self.source_id, &self.key.period)?);
         let mut committed: Option<Checkpoint> = run.resume.clone();
         // Reading starts first, so the first batch is parsed while the writer
         // reads the run key's stored hashes.
-        let mut batches = self.produce(committed.clone(), &transformer);
+        let mut batches = self.produce(&reads, committed.clone(), &transformer);
         let mut writer = self.open_writer(&schema, &run).await?;
         let mut backoff = Backoff::new(&pipeline.retry);
         let reconcile = Reconcile {
@@ -273,11 +270,11 @@ impl Job {
                     run = fresh(run, run_id);
                     writer = self.open_writer(&schema, &run).await?;
                     committed = None;
-                    batches = self.produce(None, &transformer);
+                    batches = self.produce(&reads, None, &transformer);
                     continue;
                 }
                 Err(e) if backoff.should_retry(&e, "read source").await => {
-                    batches = self.produce(committed.clone(), &transformer);
+                    batches = self.produce(&reads, committed.clone(), &transformer);
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -400,9 +397,26 @@ impl Job {
         .await
     }
 
-    fn produce(&self, resume: Option<Checkpoint>, transformer: &Arc<Transformer>) -> Batches {
+    /// The pipeline as this period reads its source: fields new to the
+    /// period (the ledger saw it before they were in `[fields]`) are read
+    /// as declared `added`, so an export that predates their columns is not
+    /// drift and a done period is never failed for a field added since.
+    fn period_view(&self, run: &ClaimedRun) -> Arc<Pipeline> {
+        if run.new_fields.is_empty() {
+            return Arc::clone(&self.pipeline);
+        }
+        tracing::debug!(fields = %run.new_fields.join(","), "fields new to this period: its export may lack their columns");
+        Arc::new(self.pipeline.with_new_fields(&run.new_fields))
+    }
+
+    fn produce(
+        &self,
+        pipeline: &Arc<Pipeline>,
+        resume: Option<Checkpoint>,
+        transformer: &Arc<Transformer>,
+    ) -> Batches {
         let read = prepare::Read {
-            pipeline: Arc::clone(&self.pipeline),
+            pipeline: Arc::clone(pipeline),
             source_id: self.source_id.clone(),
             period: self.key.period,
             resume,
@@ -531,6 +545,7 @@ fn fresh(run: ClaimedRun, run_id: String) -> ClaimedRun {
         counts: Counts::default(),
         batches: 0,
         seen: Default::default(),
+        new_fields: run.new_fields,
     }
 }
 

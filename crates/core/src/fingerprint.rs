@@ -10,7 +10,19 @@
 //! later run say which fields were added, removed or changed without
 //! keeping the old pipeline file. Field order is not part of it: moving a
 //! field changes no stored value (rows are written by column name, and
-//! the row hash ignores column order).
+//! the row hash ignores column order). Neither is `added`: it says which
+//! exports may lack a column, not what any stored value is.
+//!
+//! An entry may end in `?` (`note:04d2…?`): the field is *new to the
+//! period*. The ledger saw the period (its row recorded a fingerprint)
+//! before the field was in `[fields]`, so the period's export may predate
+//! the column, and a CSV header without it is not drift for that period:
+//! the field loads as NULL (or its default), which is what the period's
+//! rows already held. A claim records the mark ([`FieldsFingerprint::carry`])
+//! so it outlives the attempt: a failed or forced re-run of the period
+//! still knows. Changing the field's definition drops the mark (values may
+//! have been loaded from its old column). Comparisons ignore the mark
+//! ([`same_fields`]).
 
 use std::collections::BTreeMap;
 
@@ -39,19 +51,57 @@ impl FieldsFingerprint {
         )
     }
 
+    /// A fingerprint as text (sent in a claim request): taken as it is.
+    pub fn from_stored(text: &str) -> FieldsFingerprint {
+        FieldsFingerprint(text.to_string())
+    }
+
     /// The text stored in the ledger.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The fingerprint a claim records for a period whose ledger row held
+    /// `previous`: this one, with every field that `previous` lacks, or
+    /// marked new under the same definition, marked new to the period (see
+    /// the module docs). A row
+    /// without a fingerprint (never claimed, or by a build before
+    /// fingerprints) marks nothing: nothing says what the period was
+    /// loaded with; nor does one whose text names no field (empty, or
+    /// edited by hand).
+    pub fn carry(&self, previous: Option<&str>) -> String {
+        let then = previous.map(entries).unwrap_or_default();
+        if then.is_empty() {
+            return self.0.clone();
+        }
+        self.0
+            .split(' ')
+            .map(|entry| {
+                let (name, digest) = entry.split_once(':').unwrap_or((entry, ""));
+                // A marked field whose definition changed since loses its
+                // mark: the period may have loaded values from its old
+                // column, which an export without the new one must not
+                // turn into NULL.
+                let new = then
+                    .get(name)
+                    .map_or(true, |old| old.strip_suffix(NEW) == Some(digest));
+                match new && !entry.is_empty() {
+                    true => format!("{entry}{NEW}"),
+                    false => entry.to_string(),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// What changed since `earlier` (a stored fingerprint), as `+ name`
     /// (added), `~ name` (changed) and `- name` (removed), comma separated;
     /// `None` when nothing did.
     pub fn changes_since(&self, earlier: &str) -> Option<String> {
-        if earlier == self.0 {
+        if same_fields(earlier, &self.0) {
             return None;
         }
-        let (now, then) = (entries(&self.0), entries(earlier));
+        let (now, then) = (unmarked(&self.0), unmarked(earlier));
         let mut changes: Vec<String> = Vec::new();
         for (name, digest) in &now {
             match then.get(name) {
@@ -95,6 +145,30 @@ fn digest(field: &FieldSpec) -> String {
     format!("{:016x}", xxh3_64(definition.to_string().as_bytes()))
 }
 
+/// The mark of a field new to the period (see the module docs).
+const NEW: char = '?';
+
+/// The fields a stored fingerprint marks new to its period.
+pub fn new_fields(fingerprint: &str) -> Vec<String> {
+    entries(fingerprint)
+        .into_iter()
+        .filter(|(_, digest)| digest.ends_with(NEW))
+        .map(|(name, _)| name.to_string())
+        .collect()
+}
+
+/// Whether two fingerprints describe the same fields, marks aside.
+pub fn same_fields(a: &str, b: &str) -> bool {
+    a == b || unmarked(a) == unmarked(b)
+}
+
+fn unmarked(fingerprint: &str) -> BTreeMap<&str, &str> {
+    entries(fingerprint)
+        .into_iter()
+        .map(|(name, digest)| (name, digest.trim_end_matches(NEW)))
+        .collect()
+}
+
 fn entries(fingerprint: &str) -> BTreeMap<&str, &str> {
     fingerprint
         .split(' ')
@@ -115,6 +189,7 @@ mod tests {
             required: false,
             default: None,
             value: None,
+            added: crate::spec::Added::No,
         }
     }
 
@@ -206,5 +281,44 @@ mod tests {
                 "{variant:?}"
             );
         }
+        let added = FieldSpec {
+            added: crate::spec::Added::Any,
+            ..base.clone()
+        };
+        let declared = FieldsFingerprint::of(&fields(&[("a", added)]));
+        assert_eq!(declared, plain, "`added` changes no stored value");
+    }
+
+    #[test]
+    fn a_claim_marks_fields_new_to_the_period_and_comparisons_ignore_the_mark() {
+        let before = FieldsFingerprint::of(&fields(&[("id", field(FieldType::Text))]));
+        let after = FieldsFingerprint::of(&fields(&[
+            ("id", field(FieldType::Text)),
+            ("note", field(FieldType::Text)),
+        ]));
+        let stored = after.carry(Some(before.as_str()));
+        assert!(
+            stored.ends_with('?') && stored.contains("note:"),
+            "{stored}"
+        );
+        assert_eq!(new_fields(&stored), ["note"]);
+        assert_eq!(after.changes_since(&stored), None, "not stale once re-run");
+        assert!(same_fields(&stored, after.as_str()));
+        // The mark outlives the next claim; a period never seen marks nothing.
+        assert_eq!(after.carry(Some(&stored)), stored);
+        assert_eq!(after.carry(None), after.as_str());
+        assert_eq!(after.carry(Some("")), after.as_str());
+        assert_eq!(after.carry(Some("garbage")), after.as_str());
+        assert!(new_fields(&after.carry(Some(after.as_str()))).is_empty());
+        // A field changed since is stale, marked or not.
+        let mut text = field(FieldType::Text);
+        text.from = Some("remark".into());
+        let renamed =
+            FieldsFingerprint::of(&fields(&[("id", field(FieldType::Text)), ("note", text)]));
+        assert_eq!(renamed.changes_since(&stored).as_deref(), Some("~ note"));
+        assert!(
+            new_fields(&renamed.carry(Some(&stored))).is_empty(),
+            "a changed definition may have loaded values: the mark goes"
+        );
     }
 }

@@ -92,7 +92,7 @@ impl FileReader {
         period: &Period,
         resume: Option<&Checkpoint>,
     ) -> Result<FileReader, Error> {
-        let decoder = Decoder::from_spec(pipeline, spec)?;
+        let decoder = Decoder::from_spec(pipeline, spec, period)?;
         let pattern = FilePattern::render(pipeline, spec, period)?;
         let (source, missing) = (spec.id.clone(), spec.missing);
         let batch_size = pipeline.spec.load.batch_size;
@@ -307,7 +307,11 @@ enum Decoder {
 }
 
 impl Decoder {
-    fn from_spec(pipeline: &Pipeline, spec: &FileSourceSpec) -> Result<Decoder, Error> {
+    fn from_spec(
+        pipeline: &Pipeline,
+        spec: &FileSourceSpec,
+        period: &Period,
+    ) -> Result<Decoder, Error> {
         Ok(match spec.format {
             Format::Csv => {
                 let delimiter = u8::try_from(spec.delimiter.unwrap_or(',')).map_err(|_| {
@@ -318,7 +322,9 @@ impl Decoder {
                     )
                 })?;
                 let empty_ok = spec.missing == MissingPolicy::Empty;
-                Decoder::Csv(Arc::new(CsvRules::new(pipeline, delimiter, empty_ok)))
+                Decoder::Csv(Arc::new(CsvRules::new(
+                    pipeline, period, delimiter, empty_ok,
+                )))
             }
             Format::Ndjson => Decoder::Ndjson,
             Format::Json => Decoder::Json {

@@ -116,7 +116,7 @@ impl HttpReader {
     ) -> Result<HttpReader, Error> {
         let fetcher = Fetcher::new(pipeline, spec, period, gate)?;
         let mut state = Box::new(State {
-            decoder: decoder(pipeline, spec)?,
+            decoder: decoder(pipeline, spec, period)?,
             batch_size: pipeline.spec.load.batch_size,
             max_pages: spec.max_pages,
             source: spec.id.clone(),
@@ -210,7 +210,7 @@ impl HttpReader {
     }
 }
 
-fn decoder(pipeline: &Pipeline, spec: &HttpSourceSpec) -> Result<Decoder, Error> {
+fn decoder(pipeline: &Pipeline, spec: &HttpSourceSpec, period: &Period) -> Result<Decoder, Error> {
     Ok(match spec.format {
         Format::Json => Decoder::Json {
             pointer: spec.records.clone().unwrap_or_default(),
@@ -226,7 +226,7 @@ fn decoder(pipeline: &Pipeline, spec: &HttpSourceSpec) -> Result<Decoder, Error>
             })?;
             // An empty body is an empty page (an API's "no more"), not a
             // half-written export: a cut body fails in the transport.
-            Decoder::Csv(Arc::new(CsvRules::new(pipeline, delimiter, true)))
+            Decoder::Csv(Arc::new(CsvRules::new(pipeline, period, delimiter, true)))
         }
     })
 }
@@ -347,7 +347,7 @@ impl State {
         let expect_count = self.expect_count.as_ref();
         let (decoded, body_hash) = fetcher
             .with_retries(&shown, at.number, || async move {
-                let fetched = fetcher.get(url_ref, shown_ref).await?;
+                let fetched = fetcher.get(url_ref, shown_ref, at_ref.number).await?;
                 let body_hash = xxh3_64(&fetched.body);
                 let input = PageInput {
                     resource: Arc::clone(shown_ref),

@@ -512,6 +512,7 @@ async fn resume_knows_what_committed_batches_saw(postgres: bool) {
         counts: Default::default(),
         batches: 0,
         seen: Default::default(),
+        new_fields: Vec::new(),
     };
     let mut restarted = store
         .writer(schema.clone(), &fresh, &key, OPTIONS)

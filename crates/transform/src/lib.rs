@@ -203,8 +203,9 @@ impl Transformer {
     }
 
     /// The fields no JSON record of a batch held, among those that read the
-    /// input and are not `required` (a missing required field fails its
-    /// record already). Empty when the batch had no JSON record: a CSV
+    /// input, are not `required` (a missing required field fails its
+    /// record already) and that the period's exports may not lack
+    /// (`added`: a record without the key is an older export's). Empty when the batch had no JSON record: a CSV
     /// header is checked whole instead (source drift is an error there).
     pub fn absent_fields(&self, presence: &Presence) -> Vec<&str> {
         if presence.json_records == 0 {
@@ -213,7 +214,9 @@ impl Transformer {
         self.columns
             .iter()
             .zip(&presence.held)
-            .filter(|(c, held)| !**held && !c.required && matches!(c.lookup, Lookup::Field(_)))
+            .filter(|(c, held)| {
+                !**held && !c.required && !c.may_lack && matches!(c.lookup, Lookup::Field(_))
+            })
             .map(|(c, _)| c.name.as_str())
             .collect()
     }

@@ -28,6 +28,9 @@ pub(crate) struct Column {
     pub(crate) parser: Parser,
     pub(crate) default: Option<Value>,
     pub(crate) required: bool,
+    /// The period's exports may lack the field (`added`, or new to the
+    /// period): its absence is expected, not worth a warning.
+    pub(crate) may_lack: bool,
 }
 
 /// The message for a required field without a value.
@@ -87,6 +90,7 @@ impl Planner<'_> {
             parser,
             default,
             required: spec.required,
+            may_lack: self.pipeline.may_lack(name, self.ctx.period),
         };
         if let Some(template) = &spec.value {
             column.lookup = Lookup::Constant(self.constant(&column, template)?);

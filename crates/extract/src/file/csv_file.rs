@@ -23,7 +23,12 @@
 //!   [`Error::SourceDrift`] of class `contract`, raised when the header is
 //!   read and before any record: read on, the column would become NULL
 //!   over good data. A field with a `default` is no exception: a default
-//!   stands in for an empty cell, not for a column that is gone.
+//!   stands in for an empty cell, not for a column that is gone. The one
+//!   exception is schema evolution: a field the period's exports may lack
+//!   (`fields.NAME.added` covering the period, or a field new to the
+//!   period by its ledger row, see `tidemark_core::fingerprint`) may be
+//!   absent from the header; it then loads as NULL or its default, and the
+//!   run logs that once per file.
 //!
 //! Those break the document: the period fails. A row with another number of
 //! fields than the header, or with invalid UTF-8, breaks only itself: it is
@@ -36,7 +41,7 @@ use std::sync::Arc;
 
 use csv::{ByteRecord, StringRecord};
 use csv_core::ReadFieldResult;
-use tidemark_core::{Error, Origin, Pipeline, RawData, RawRecord, Selector};
+use tidemark_core::{Error, Origin, Period, Pipeline, RawData, RawRecord, Selector};
 use xxhash_rust::xxh3::Xxh3;
 
 use super::consumed::Consumed;
@@ -56,8 +61,13 @@ pub(crate) struct CsvRules {
 }
 
 impl CsvRules {
-    /// The rules for a source of `pipeline`.
-    pub(crate) fn new(pipeline: &Pipeline, delimiter: u8, allow_empty: bool) -> CsvRules {
+    /// The rules for a source of `pipeline` read for `period`.
+    pub(crate) fn new(
+        pipeline: &Pipeline,
+        period: &Period,
+        delimiter: u8,
+        allow_empty: bool,
+    ) -> CsvRules {
         let columns = pipeline
             .spec
             .fields
@@ -68,6 +78,7 @@ impl CsvRules {
                 CsvColumn {
                     column: Selector::parse(from).csv_column().to_string(),
                     field: name.clone(),
+                    may_lack: pipeline.may_lack(name, period),
                 }
             })
             .collect();
@@ -86,6 +97,9 @@ pub(crate) struct CsvColumn {
     pub(crate) column: String,
     /// The `[fields]` entry.
     pub(crate) field: String,
+    /// The period's exports may lack the column (schema evolution): its
+    /// absence is not drift.
+    pub(crate) may_lack: bool,
 }
 
 /// An open CSV file (or any other reader, such as an HTTP page's body).
@@ -318,12 +332,22 @@ impl<R: Read> CsvCursor<R> {
     /// Source drift: every column `[fields]` reads must be in the header
     /// (see the module documentation).
     fn check_missing_columns(&self) -> Result<(), Error> {
-        let missing: Vec<&CsvColumn> = self
+        let (allowed, missing): (Vec<&CsvColumn>, Vec<&CsvColumn>) = self
             .rules
             .columns
             .iter()
             .filter(|c| !self.headers.iter().any(|h| h == c.column))
-            .collect();
+            .partition(|c| c.may_lack);
+        if !allowed.is_empty() {
+            let fields: Vec<&str> = allowed.iter().map(|c| c.field.as_str()).collect();
+            tracing::info!(
+                resource = %self.resource,
+                fields = %fields.join(","),
+                "the header has no column for {}: an export older than the field (schema evolution); \
+                 it loads as NULL or its default",
+                fields.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", ")
+            );
+        }
         if missing.is_empty() {
             return Ok(());
         }
@@ -348,7 +372,9 @@ impl<R: Read> CsvCursor<R> {
             },
             message: format!(
                 "source drift: the header lacks the {noun} {} that [fields] reads; the header is {}. \
-                 If {them} renamed upstream, point `from` at the new name; nothing of this period is written",
+                 If {them} renamed upstream, point `from` at the new name; if the field was added \
+                 after this export was made, declare it with `added` (README \"When the source \
+                 changes\"); nothing of this period is written",
                 named.join(", "),
                 found.join(", ")
             ),

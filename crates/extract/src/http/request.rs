@@ -15,9 +15,15 @@
 //! A body is read to its end, or to `max_page_bytes` (counted after gzip
 //! decoding), whichever comes first; a larger page is a permanent error.
 //! Whether the body arrived whole is the transport's call: a body shorter
-//! than its `Content-Length`, a broken chunked stream or a reset connection
-//! fails here as transient, so anything the decoder later refuses was
-//! received complete and is a parse error, never retried.
+//! than its `Content-Length`, a chunked stream that stops before its last
+//! chunk, a reset connection or a timeout fails here as transient. Every
+//! other failure to read a body that arrived is a failure to *decode* it,
+//! whatever layer fails: a gzip stream that is corrupt or ends early inside
+//! a complete body, chunked framing that is garbage, a `Content-Encoding`
+//! tidemark does not decode (it asks for gzip only). Those are `parse`
+//! errors, never retried: the same bytes would come again (see
+//! [`BodyFailure`]). Anything the page decoder later refuses (bad JSON,
+//! invalid UTF-8) was received complete too, and is a parse error as well.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -206,7 +212,8 @@ impl Fetcher {
     /// are transient (with the server's `Retry-After`), anything else
     /// permanent. A gate that cannot answer (its database is down) fails
     /// the request with that database error, retried like any other.
-    pub(crate) async fn get(&self, url: &Url, shown: &str) -> Result<Fetched, Error> {
+    /// `page` only places a body that cannot be decoded.
+    pub(crate) async fn get(&self, url: &Url, shown: &str, page: u64) -> Result<Fetched, Error> {
         if let Some(gate) = &self.gate {
             gate.acquire().await?;
         }
@@ -230,9 +237,19 @@ impl Fetcher {
             .get(CONTENT_TYPE)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         let headers = response.headers().clone();
+        if let Some(encoding) = undecoded_encoding(&headers) {
+            return Err(self.undecodable(
+                shown,
+                page,
+                &format!(
+                    "the body is encoded with Content-Encoding: {encoding}, which tidemark does not \
+                     decode (it asks for gzip or no encoding)"
+                ),
+            ));
+        }
         let body = read_body(response, self.max_page_bytes)
             .await
-            .map_err(|e| self.body_error(shown, e))?;
+            .map_err(|e| self.body_error(shown, page, e))?;
         Ok(Fetched {
             status,
             body,
@@ -263,11 +280,21 @@ impl Fetcher {
         }
     }
 
-    fn body_error(&self, shown: &str, err: BodyError) -> Error {
+    fn body_error(&self, shown: &str, page: u64, err: BodyError) -> Error {
         match err {
-            BodyError::Transport(e) => {
-                self.transport_error(shown, "reading the response body failed", e)
-            }
+            BodyError::Transport(e) => match BodyFailure::of(&e) {
+                BodyFailure::Cut => {
+                    self.transport_error(shown, "reading the response body failed", e)
+                }
+                BodyFailure::Undecodable => self.undecodable(
+                    shown,
+                    page,
+                    &format!(
+                        "the body arrived but cannot be decoded: {}",
+                        chain(&e.without_url())
+                    ),
+                ),
+            },
             BodyError::TooLarge { announced } => {
                 let limit = self.max_page_bytes;
                 let seen = if announced {
@@ -283,6 +310,20 @@ impl Fetcher {
                 );
                 Error::source_permanent(self.secrets.redact(&message).into_owned())
             }
+        }
+    }
+
+    /// A body that arrived but cannot be decoded: a parse error at the
+    /// page, never retried.
+    fn undecodable(&self, shown: &str, page: u64, what: &str) -> Error {
+        Error::Parse {
+            location: tidemark_core::Location {
+                resource: shown.to_string(),
+                page: Some(page),
+                record: None,
+                line: None,
+            },
+            message: self.secrets.redact(what).into_owned(),
         }
     }
 
@@ -555,8 +596,8 @@ fn with_query(
 
 /// Why a body could not be read.
 enum BodyError {
-    /// Cut short (shorter than its `Content-Length`, a broken chunked
-    /// stream, a reset): transient.
+    /// The client failed to read it: cut short by the transport, or not
+    /// decodable ([`BodyFailure`] tells which).
     Transport(reqwest::Error),
     /// Over `max_page_bytes`, as announced or as read.
     TooLarge { announced: bool },
@@ -583,6 +624,104 @@ async fn read_body(mut response: Response, limit: u64) -> Result<Vec<u8>, BodyEr
         body.extend_from_slice(&chunk);
     }
     Ok(body)
+}
+
+/// What a failed body read means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyFailure {
+    /// The transport cut it: the connection closed before the body's
+    /// declared end (`Content-Length`, or the last chunk), was reset, or
+    /// timed out. Transient: another try may get it whole.
+    Cut,
+    /// It arrived but a layer cannot decode it: a gzip stream that is
+    /// corrupt or ends early inside a complete body, or chunked framing that
+    /// is garbage. Permanent: the same bytes would come again.
+    Undecodable,
+}
+
+impl BodyFailure {
+    /// Decided from the error's causes, by type, not by message. A cause
+    /// from hyper (the HTTP/1 transport) is garbage framing when its I/O
+    /// cause says the data is invalid (a chunk size line that is not one),
+    /// and a cut otherwise (end of input before the declared end, a reset,
+    /// an incomplete message, a time-out). Without one, a time-out of the
+    /// client's is a cut, and any other cause comes from a decoder above
+    /// the transport (gzip) that read a body the transport delivered whole.
+    fn of(err: &reqwest::Error) -> BodyFailure {
+        if err.is_timeout() {
+            return BodyFailure::Cut;
+        }
+        let causes = causes(err);
+        let transport = causes
+            .iter()
+            .position(|c| c.downcast_ref::<hyper::Error>().is_some());
+        let Some(at) = transport else {
+            return match causes.iter().any(|c| is_timeout(*c)) {
+                true => BodyFailure::Cut,
+                false => BodyFailure::Undecodable,
+            };
+        };
+        let invalid = causes[at..]
+            .iter()
+            .find_map(|c| c.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
+                )
+            });
+        match invalid {
+            true => BodyFailure::Undecodable,
+            false => BodyFailure::Cut,
+        }
+    }
+}
+
+/// Whether a cause is a timeout (the client's own, below reqwest's
+/// outer error, or an I/O one).
+fn is_timeout(cause: &(dyn std::error::Error + 'static)) -> bool {
+    cause
+        .downcast_ref::<reqwest::Error>()
+        .is_some_and(reqwest::Error::is_timeout)
+        || cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut)
+}
+
+/// An error and every cause under it, outermost first. An `io::Error`
+/// wrapping another error hides it from `source()` (it reports the inner
+/// error's own source), so the wrapped error is taken from `get_ref`.
+fn causes<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Vec<&'a (dyn std::error::Error + 'static)> {
+    let mut out = Vec::new();
+    let mut current = Some(err);
+    while let Some(e) = current {
+        out.push(e);
+        current = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+        if out.len() > 32 {
+            break;
+        }
+    }
+    out
+}
+
+/// A `Content-Encoding` the client left undecoded: the client decodes gzip
+/// (and then removes the header), so any other coding but `identity` is a
+/// body tidemark cannot read.
+fn undecoded_encoding(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(reqwest::header::CONTENT_ENCODING)?;
+    let text = String::from_utf8_lossy(value.as_bytes()).trim().to_string();
+    let identity = text
+        .split(',')
+        .all(|c| c.trim().is_empty() || c.trim().eq_ignore_ascii_case("identity"));
+    (!identity).then_some(text)
 }
 
 /// `": <the start of the body>"` of an error response, on one line, or

@@ -284,6 +284,9 @@ enum Reply {
     Truncated(String),
     /// No `Content-Length`, the connection closes after part of the body.
     CloseDelimited(String),
+    /// These bytes as the whole response (status line, head and body),
+    /// then the connection closes.
+    Raw(Vec<u8>),
 }
 
 fn ok(body: impl Into<String>) -> Reply {
@@ -351,6 +354,10 @@ async fn serve(mut stream: tokio::net::TcpStream, handler: Handler, hits: Arc<Mu
                 let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
                 let _ = stream.write_all(head.as_bytes()).await;
                 let _ = stream.write_all(&body.as_bytes()[..body.len() / 2]).await;
+                false
+            }
+            Reply::Raw(bytes) => {
+                let _ = stream.write_all(&bytes).await;
                 false
             }
             Reply::CloseDelimited(body) => {
@@ -885,4 +892,116 @@ async fn redirects_leave_the_origin_only_without_secret_headers() {
         "{err}"
     );
     assert!(err.to_string().contains("not followed"), "{err}");
+}
+
+/// Item 12 of issue 19: a body that arrived whole but that some layer
+/// cannot decode is a parse error after one request, whatever the layer
+/// (gzip, chunked framing, an encoding tidemark does not decode, the JSON
+/// itself); a body the transport cut is retried.
+#[tokio::test]
+async fn an_undecodable_body_is_a_parse_error_and_only_a_cut_body_is_retried() {
+    use std::io::Write as _;
+    let json = br#"{"data":[{"id":1}]}"#.to_vec();
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(&json).unwrap();
+    let gzip = encoder.finish().unwrap();
+    let mut corrupt = gzip.clone();
+    let n = corrupt.len();
+    corrupt[12..n - 8].iter_mut().for_each(|b| *b ^= 0x5a);
+    let short_stream = gzip[..gzip.len() - 10].to_vec();
+    let latin1 = b"{\"data\":[{\"id\":\"\xe9\"}]}".to_vec();
+    let full = |body: &[u8], extra: &str| {
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n{extra}\r\n",
+            body.len()
+        );
+        [head.as_bytes(), body].concat()
+    };
+    let cut = |body: &[u8], extra: &str| {
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n{extra}\r\n",
+            body.len()
+        );
+        [head.as_bytes(), &body[..body.len() / 2]].concat()
+    };
+    let gz = "content-encoding: gzip\r\n";
+    let chunked = |rest: &str| {
+        format!("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{rest}").into_bytes()
+    };
+    let cases: Vec<(&str, Vec<u8>, ErrorClass, usize)> = vec![
+        ("corrupt gzip", full(&corrupt, gz), ErrorClass::Parse, 1),
+        (
+            "gzip stream ending inside a complete body",
+            full(&short_stream, gz),
+            ErrorClass::Parse,
+            1,
+        ),
+        (
+            "garbage chunked framing",
+            chunked("zz\r\nabc\r\n0\r\n\r\n"),
+            ErrorClass::Parse,
+            1,
+        ),
+        (
+            "br",
+            full(&json, "content-encoding: br\r\n"),
+            ErrorClass::Parse,
+            1,
+        ),
+        (
+            "deflate",
+            full(&json, "content-encoding: deflate\r\n"),
+            ErrorClass::Parse,
+            1,
+        ),
+        (
+            "latin-1 JSON",
+            full(
+                &latin1,
+                "content-type: application/json; charset=iso-8859-1\r\n",
+            ),
+            ErrorClass::Parse,
+            1,
+        ),
+        (
+            "gzip cut by the transport",
+            cut(&gzip, gz),
+            ErrorClass::Source,
+            3,
+        ),
+        (
+            "plain body cut by the transport",
+            cut(&json, ""),
+            ErrorClass::Source,
+            3,
+        ),
+        (
+            "chunked body cut by the transport",
+            chunked("5\r\n{\"dat"),
+            ErrorClass::Source,
+            3,
+        ),
+    ];
+    for (name, bytes, class, requests) in cases {
+        let server = Server::start(move |_, _| Reply::Raw(bytes.clone())).await;
+        let source = format!(
+            "url = \"{}/o\"\nformat = \"json\"\nrecords = \"/data\"",
+            server.base
+        );
+        let err = drain(&mut open(&pipeline(&source, 10), None).await.unwrap())
+            .await
+            .expect_err(name);
+        assert_eq!(
+            (err.class(), server.hits().len()),
+            (class, requests),
+            "{name}: {err}"
+        );
+        assert!(
+            !err.is_transient(),
+            "{name}: the runner must not retry on top: {err}"
+        );
+        if class == ErrorClass::Parse {
+            assert!(err.to_string().contains("/o page 1"), "{name}: {err}");
+        }
+    }
 }

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use tidemark_core::spec::OnMissing;
-use tidemark_core::{Error, KeySet, RunKey};
+use tidemark_core::{Error, FieldsFingerprint, KeySet, RunKey};
 
 use super::driver::{fetch_all, fetch_optional, Arg, Driver, LedgerTx, Record, Vanished as _};
 use super::rules::{decide, Decision, Snapshot};
@@ -111,6 +111,9 @@ async fn take<D: Driver>(
     };
     let fresh = resume.is_none();
     let owner = request.worker.owner();
+    // Fields the period's row has not seen before stay marked new to it.
+    let fingerprint = FieldsFingerprint::from_stored(&request.fields_fingerprint)
+        .carry(row.opt_text("fields_fingerprint")?.as_deref());
     let mut args = vec![
         Arg::Int(attempt),
         Arg::Text(&run_id),
@@ -126,7 +129,7 @@ async fn take<D: Driver>(
         Arg::Text(&request.handler_version),
         Arg::Int(run_ref),
         Arg::Bool(request.provisional),
-        Arg::Text(&request.fields_fingerprint),
+        Arg::Text(&fingerprint),
     ]);
     tx.execute(&s.start_attempt, &args).await?;
     tx.execute(
@@ -151,6 +154,7 @@ async fn take<D: Driver>(
         counts,
         batches,
         seen,
+        new_fields: tidemark_core::fingerprint::new_fields(&fingerprint),
     })))
 }
 

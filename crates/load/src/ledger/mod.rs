@@ -285,6 +285,10 @@ pub struct ClaimedRun {
     /// them (their rows were unchanged). Keys a batch wrote are known from
     /// the table itself: those rows carry this run's id.
     pub seen: KeySet,
+    /// Fields new to this period: the ledger saw the period before they
+    /// were in `[fields]`, so its export may lack their columns (read them
+    /// as declared `added`; see `tidemark_core::fingerprint`).
+    pub new_fields: Vec<String>,
 }
 
 /// The outcome of a claim.

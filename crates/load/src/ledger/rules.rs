@@ -104,7 +104,9 @@ fn resume_point(row: Snapshot, request: &ClaimRequest) -> Option<(serde_json::Va
 /// final `done` would stand on rows read before the period closed.
 pub(crate) fn resumable(row: &Snapshot, request: &ClaimRequest) -> bool {
     row.handler_version.as_deref() == Some(request.handler_version.as_str())
-        && row.fields_fingerprint.as_deref() == Some(request.fields_fingerprint.as_str())
+        && row.fields_fingerprint.as_deref().is_some_and(|done| {
+            tidemark_core::fingerprint::same_fields(done, &request.fields_fingerprint)
+        })
         && row.provisional == request.provisional
 }
 
