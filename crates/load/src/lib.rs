@@ -79,10 +79,14 @@ impl Store {
         })
     }
 
-    /// Opens `url` read-only, for a dry run: nothing is created, migrated
-    /// or written (SQLite opens the file read-only, PostgreSQL runs every
-    /// transaction read-only). `None` when there is no ledger yet (no
-    /// SQLite file, or no ledger tables): every run key is new.
+    /// Opens `url` read-only, for the commands that only read (`status`,
+    /// every dry run): nothing is created, migrated or written (SQLite
+    /// opens the file read-only, PostgreSQL runs every transaction
+    /// read-only). `None` when there is no ledger yet (no SQLite file, or
+    /// no ledger tables): every run key is new. A ledger at an older
+    /// migration is a configuration error (exit 2) saying to run
+    /// `tidemark migrate`: migrating it here would change the database
+    /// under processes of the older build.
     pub async fn open_read_only(url: &str) -> Result<Option<Store>, Error> {
         let backend = if url.starts_with("sqlite:") {
             sqlite::SqliteStore::connect_read_only(url)
@@ -417,13 +421,14 @@ pub(crate) fn missing_migration(
     applied: &[i64],
 ) -> Option<Error> {
     let missing = migrator.iter().find(|m| !applied.contains(&m.version))?;
-    Some(Error::Database {
-        message: format!(
-            "the ledger in this database is older than this tidemark (migration {} \"{}\" is not applied); a dry run changes nothing, so run `tidemark migrate` first",
+    Some(Error::config(
+        "database",
+        "ledger",
+        format!(
+            "the ledger in this database is older than this tidemark (migration {} \"{}\" is not applied); this command only reads and changes nothing, so run `tidemark migrate` first (processes of the older build should be stopped by then)",
             missing.version, missing.description
         ),
-        transient: false,
-    })
+    ))
 }
 
 /// Hides a password in a database URL.
