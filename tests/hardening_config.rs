@@ -197,9 +197,10 @@ async fn sighup_keeps_the_schedule_when_the_new_one_cannot_fire(backend: Backend
 /// `note` and `Note` passed `validate`; PostgreSQL made two columns and
 /// SQLite failed every run with a raw `duplicate column name`. Names that
 /// are one on either database (any ASCII case on SQLite, the first 63
-/// bytes on PostgreSQL, the lineage columns and the index tidemark names
-/// after the table) are configuration errors naming both, before any
-/// database is opened; a name that fits loads on both.
+/// bytes on PostgreSQL, the lineage columns, the columns a database gives
+/// every table, and the index tidemark names after the table) are
+/// configuration errors naming both, before any database is opened; a
+/// name that fits loads on both.
 async fn names_equal_on_either_database_are_config_errors(backend: Backend) {
     let env = Env::new(backend).await;
     day_file(&env, "2024-01-01", 3);
@@ -216,6 +217,16 @@ async fn names_equal_on_either_database_are_config_errors(backend: Backend) {
             format!("{FIELDS}\n_TM_Source = {{ type = \"text\" }}"),
             String::new(),
             vec!["fields._TM_Source".into(), "reserved".into()],
+        ),
+        (
+            format!("{FIELDS}\nrowid = {{ type = \"int\" }}"),
+            String::new(),
+            vec!["fields.rowid".into(), "SQLite".into()],
+        ),
+        (
+            format!("{FIELDS}\nXmin = {{ type = \"int\" }}"),
+            String::new(),
+            vec!["fields.Xmin".into(), "PostgreSQL".into()],
         ),
         (
             long_field,
@@ -354,7 +365,11 @@ async fn read_only_commands_leave_an_old_ledger_as_it_is(backend: Backend) {
         assert_config_error(
             &out,
             &args.join(" "),
-            &["tidemark migrate", "older than this tidemark", "migration 6"],
+            &[
+                "tidemark migrate",
+                "older than this tidemark",
+                "migration 6",
+            ],
         );
         assert!(
             snapshot(&env).await == before,

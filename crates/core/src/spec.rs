@@ -751,7 +751,7 @@ impl Pipeline {
                     now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                     match next {
                         Some(at) => format!("its next fire is {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
-                        None => "no date it names exists".to_string(),
+                        None => "it names no time after that".to_string(),
                     }
                 ),
             )),
@@ -851,6 +851,20 @@ const RESERVED_PREFIX: &str = "_tm_";
 /// `TABLE__tm_run_key` (crates/load's table modules).
 pub const RUN_KEY_INDEX_SUFFIX: &str = "__tm_run_key";
 
+/// Columns every table has on one of the databases, with that database:
+/// SQLite's row id (under its three names) and PostgreSQL's system columns.
+const SYSTEM_COLUMNS: [(&str, &str); 9] = [
+    ("rowid", "SQLite"),
+    ("oid", "SQLite"),
+    ("_rowid_", "SQLite"),
+    ("tableoid", "PostgreSQL"),
+    ("xmin", "PostgreSQL"),
+    ("cmin", "PostgreSQL"),
+    ("xmax", "PostgreSQL"),
+    ("cmax", "PostgreSQL"),
+    ("ctid", "PostgreSQL"),
+];
+
 struct Checker<'a> {
     file: &'a str,
 }
@@ -941,6 +955,25 @@ impl Checker<'_> {
             return Err(self.err(key, format!("{name:?}: names starting with _tm_ (in any case) are reserved for tidemark's lineage columns and tables")));
         }
         Ok(())
+    }
+
+    /// A field's column name: an identifier that is none of the columns a
+    /// database already gives every table. On SQLite a column named
+    /// `rowid` would stand in for the row id tidemark deletes by (the
+    /// wrong rows would go); on PostgreSQL a system column's name cannot be
+    /// created at all. Compared without regard to case, as SQLite does.
+    fn column_name(&self, key: &str, name: &str) -> Result<(), Error> {
+        self.identifier(key, name)?;
+        let system = SYSTEM_COLUMNS
+            .iter()
+            .find(|(column, _)| column.eq_ignore_ascii_case(name));
+        match system {
+            Some((column, database)) => Err(self.err(
+                key,
+                format!("{name:?} is the name of {database}'s own column `{column}` on every table; rename the field (its input can keep the name through `from`)"),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The destination table's name: an identifier that leaves room for the
@@ -1142,7 +1175,7 @@ impl Checker<'_> {
         }
         for (i, (name, field)) in spec.fields.iter().enumerate() {
             let at = |k: &str| format!("fields.{name}.{k}");
-            self.identifier(&format!("fields.{name}"), name)?;
+            self.column_name(&format!("fields.{name}"), name)?;
             self.distinct_column(&spec.fields, i, name)?;
             if let Some(value) = &field.value {
                 self.template(&at("value"), value)?;
@@ -1371,6 +1404,11 @@ on_missing = "delete"
         );
         let (key, _) = config_err(&GOOD.replace("region =", "_TM_Source ="));
         assert_eq!(key, "fields._TM_Source");
+        for system in ["rowid", "OID", "_rowid_", "xmin", "ctid", "tableoid"] {
+            let (key, message) = config_err(&GOOD.replace("region =", &format!("{system} =")));
+            assert_eq!(key, format!("fields.{system}"));
+            assert!(message.contains("own column"), "{message}");
+        }
         let long = "a".repeat(64);
         let (key, message) = config_err(&GOOD.replace("region =", &format!("{long} =")));
         assert_eq!(key, format!("fields.{long}"));
