@@ -124,32 +124,28 @@ fn assert_config_error(out: &Out, what: &str, named: &[&str]) {
 async fn schedules_that_cannot_fire_stop_every_command_at_start(backend: Backend) {
     let env = Env::new(backend).await;
     day_file(&env, "2024-01-01", 3);
-    let no_start = |env: &Env| {
-        base_pipeline(env, FIELDS, "\n[schedule]\nevery = \"1h\"\n");
-        env.edit_pipeline("p", |t| t.replace("start = \"2024-01-01\"\n", ""));
-    };
-    let cases: Vec<(Box<dyn Fn(&Env)>, &str, &str)> = vec![
+    // (the [schedule] lines, whether `period.start` is set, key, message)
+    let cases = [
         (
-            Box::new(|env| base_pipeline(env, FIELDS, "\n[schedule]\ncron = \"0 0 30 2 *\"\n")),
+            "cron = \"0 0 30 2 *\"",
+            true,
             "schedule.cron",
             "does not fire",
         ),
         (
-            Box::new(|env| base_pipeline(env, FIELDS, "\n[schedule]\ncron = \"0 0 31 4 *\"\n")),
+            "cron = \"0 0 31 4 *\"",
+            true,
             "schedule.cron",
             "does not fire",
         ),
-        (
-            Box::new(|env| {
-                base_pipeline(env, FIELDS, "\n[schedule]\ncron = \"0 0 0 1 1 * 2025\"\n")
-            }),
-            "schedule.cron",
-            "year",
-        ),
-        (Box::new(no_start), "schedule", "period.start"),
+        ("cron = \"0 0 0 1 1 * 2025\"", true, "schedule.cron", "year"),
+        ("every = \"1h\"", false, "schedule", "period.start"),
     ];
-    for (write, key, says) in cases {
-        write(&env);
+    for (schedule, start, key, says) in cases {
+        base_pipeline(&env, FIELDS, &format!("\n[schedule]\n{schedule}\n"));
+        if !start {
+            env.edit_pipeline("p", |t| t.replace("start = \"2024-01-01\"\n", ""));
+        }
         for args in LOADING_COMMANDS {
             let what = format!("{key}: tidemark {}", args.join(" "));
             let out = at(&env, "2024-01-03T00:00:00Z", args);

@@ -223,7 +223,7 @@ impl<'a> View<'a> {
     /// (`not_due`), and `--only missing` leaves them out.
     fn print_missing(&mut self, period: &Period, sources: &[String]) {
         let due_at = self.pipeline.due_at(period);
-        let not_due = due_at.is_none_or(|at| at > self.now);
+        let not_due = !due_at.is_some_and(|at| at <= self.now);
         if self.only.is_some() && (not_due || self.only != Some(StatusOnly::Missing)) {
             return;
         }
