@@ -414,9 +414,8 @@ async fn read_only_commands_create_no_database(backend: Backend) {
 
 /// `status` over a range reaching past now listed the periods not due yet
 /// as `missing … never run`. They say when they become due (the period's
-/// end plus `lag`), in the table and in `--json` (status `not_due`, with
-/// `due_at` on every line without a ledger row); `--only missing` lists
-/// only the gaps.
+/// end plus `lag`), in the table and in `--json` (status `not_due`, and
+/// `due_at` on every line); `--only missing` lists only the gaps.
 async fn status_says_when_a_period_not_yet_due_becomes_due(backend: Backend) {
     let env = Env::new(backend).await;
     day_file(&env, "2024-01-01", 3);
@@ -467,6 +466,7 @@ async fn status_says_when_a_period_not_yet_due_becomes_due(backend: Backend) {
             .unwrap_or_else(|| panic!("no line for {day}\n{out}"))
     };
     assert_eq!(of("2024-01-01")["status"], "done");
+    assert_eq!(of("2024-01-01")["due_at"], "2024-01-02T02:00:00Z");
     assert_eq!(of("2024-01-02")["status"], "missing");
     assert_eq!(of("2024-01-02")["due_at"], "2024-01-03T02:00:00Z");
     assert_eq!(of("2024-01-03")["status"], "not_due");

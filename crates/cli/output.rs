@@ -169,8 +169,11 @@ impl Summary {
 /// periods it has no row for.
 #[derive(Debug, Clone, Copy)]
 pub enum StatusLine<'a> {
-    /// A ledger row.
-    Recorded(&'a LedgerEntry),
+    /// A ledger row, and when its period becomes (or became) due.
+    Recorded {
+        entry: &'a LedgerEntry,
+        due_at: Option<DateTime<Utc>>,
+    },
     /// No ledger row: never run, never queued. `due` tells a gap
     /// (`missing`: due since `due_at`) from a period still to come
     /// (`not_due`: due at `due_at`).
@@ -221,10 +224,22 @@ fn rfc3339(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
+/// A recorded line in JSON: the ledger row's fields, then `due_at` as on
+/// every line.
+#[derive(Serialize)]
+struct RecordedJson<'a> {
+    #[serde(flatten)]
+    entry: &'a LedgerEntry,
+    due_at: Option<String>,
+}
+
 /// `status --json`: one object per line.
 pub fn print_status_json(line: &StatusLine<'_>) {
     let json = match *line {
-        StatusLine::Recorded(entry) => serde_json::to_string(entry),
+        StatusLine::Recorded { entry, due_at } => serde_json::to_string(&RecordedJson {
+            entry,
+            due_at: due_at.map(rfc3339),
+        }),
         StatusLine::Missing {
             pipeline,
             source,
@@ -291,7 +306,7 @@ impl StatusTable {
         }
         self.rows += 1;
         match *line {
-            StatusLine::Recorded(e) => status_row(
+            StatusLine::Recorded { entry: e, .. } => status_row(
                 &e.period_start,
                 &e.source,
                 e.status.as_str(),

@@ -214,7 +214,13 @@ impl<'a> View<'a> {
 
     fn print_recorded(&mut self, entry: &LedgerEntry) {
         if self.only.map_or(true, |only| matches(only, entry)) {
-            self.emit(StatusLine::Recorded(entry));
+            let due_at = DateTime::parse_from_rfc3339(&entry.period_end)
+                .ok()
+                .and_then(|end| {
+                    let lag = chrono::Duration::from_std(self.pipeline.lag).ok()?;
+                    end.with_timezone(&Utc).checked_add_signed(lag)
+                });
+            self.emit(StatusLine::Recorded { entry, due_at });
         }
     }
 
