@@ -28,6 +28,12 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<Exit, Error> {
     let now = crate::clock::now()?;
     let range = expected_range(&pipeline, &args, now)?;
     let store = Store::open_read_only(&global.database_url).await?;
+    if store.is_none() {
+        tell!(
+            "note: no ledger at {} yet: nothing has run against this database (status creates none)",
+            tidemark_load::redact_url(&global.database_url)
+        );
+    }
     let result = print(store.as_ref(), &pipeline, &args, range, now).await;
     if let Some(store) = &store {
         store.close().await;
