@@ -71,31 +71,37 @@ fn day_file(env: &Env, day: &str, rows: usize) {
     env.write(format!("data/{day}.csv"), &text);
 }
 
+/// A fresh database with pipeline `p` (`extra` lines in `[load]`) and
+/// 2024-01-01 loaded from a file of `rows` rows.
+async fn loaded_day(backend: Backend, rows: usize, extra: &str) -> Env {
+    let env = Env::new(backend).await;
+    day_file(&env, "2024-01-01", rows);
+    base_pipeline(&env, FIELDS, extra);
+    env.tidemark(&["run", "p", "--period", "2024-01-01"])
+        .expect_code(0, "first run");
+    env
+}
+
+/// The stdout line of `out` that starts (after indentation) with `prefix`.
+#[track_caller]
+fn line_starting<'a>(out: &'a Out, prefix: &str) -> &'a str {
+    out.stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix:?}\n{out}"))
+}
+
 /// Every command that loads a pipeline, with the arguments that make it
 /// start (`serve` as `--drain`, so that a start that is not refused ends).
+#[rustfmt::skip]
 const LOADING_COMMANDS: &[&[&str]] = &[
     &["serve", "--drain"],
     &["serve", "--drain", "--no-schedule"],
     &["validate", "p"],
     &["run", "p", "--period", "2024-01-01"],
     &["run", "p", "--period", "2024-01-01", "--dry-run"],
-    &[
-        "backfill",
-        "p",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2024-01-02",
-    ],
-    &[
-        "backfill",
-        "p",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2024-01-02",
-        "--enqueue",
-    ],
+    &["backfill", "p", "--from", "2024-01-01", "--to", "2024-01-02"],
+    &["backfill", "p", "--from", "2024-01-01", "--to", "2024-01-02", "--enqueue"],
     &["sync", "p"],
     &["sync", "p", "--dry-run"],
     &["sync", "--all"],
@@ -330,30 +336,19 @@ async fn snapshot(env: &Env) -> (Vec<Vec<Option<String>>>, Option<Vec<u8>>) {
 /// command that only reads leaves it exactly as it was and says to run
 /// `tidemark migrate` (exit 2); `validate` does not open it at all.
 async fn read_only_commands_leave_an_old_ledger_as_it_is(backend: Backend) {
-    let env = Env::new(backend).await;
-    day_file(&env, "2024-01-01", 3);
-    base_pipeline(&env, FIELDS, "");
-    env.tidemark(&["run", "p", "--period", "2024-01-01"])
-        .expect_code(0, "first run");
+    let env = loaded_day(backend, 3, "").await;
     env.db.execute("DROP INDEX _tm_runs_running").await;
     env.db
         .execute("DELETE FROM _sqlx_migrations WHERE version = 6")
         .await;
     let before = snapshot(&env).await;
+    #[rustfmt::skip]
     let reading: &[&[&str]] = &[
         &["status", "p"],
         &["status", "p", "--json"],
         &["status", "p", "--from", "2024-01-01", "--to", "2024-01-03"],
         &["run", "p", "--period", "2024-01-02", "--dry-run"],
-        &[
-            "backfill",
-            "p",
-            "--from",
-            "2024-01-01",
-            "--to",
-            "2024-01-03",
-            "--dry-run",
-        ],
+        &["backfill", "p", "--from", "2024-01-01", "--to", "2024-01-03", "--dry-run"],
         &["sync", "p", "--dry-run"],
     ];
     for args in reading {
@@ -426,13 +421,7 @@ async fn status_says_when_a_period_not_yet_due_becomes_due(backend: Backend) {
     let range = ["status", "p", "--from", "2024-01-01", "--to", "2024-01-04"];
     let out = at(&env, now, &range);
     out.expect_code(0, "status");
-    let line = |day: &str| -> String {
-        out.stdout
-            .lines()
-            .find(|l| l.starts_with(day))
-            .unwrap_or_else(|| panic!("no line for {day}\n{out}"))
-            .to_string()
-    };
+    let line = |day: &str| line_starting(&out, day).to_string();
     assert!(line("2024-01-01").contains("done"), "{out}");
     assert!(
         line("2024-01-02").contains("missing") && line("2024-01-02").contains("never run"),
@@ -492,16 +481,9 @@ async fn every_reversed_range_is_a_usage_error(backend: Backend) {
     let env = Env::new(backend).await;
     day_file(&env, "2024-01-01", 3);
     base_pipeline(&env, FIELDS, "");
-    env.tidemark(&[
-        "backfill",
-        "p",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2024-01-03",
-        "--enqueue",
-    ])
-    .expect_code(0, "enqueue");
+    let range = ["--from", "2024-01-01", "--to", "2024-01-03"];
+    env.tidemark(&[&["backfill", "p", "--enqueue"][..], &range].concat())
+        .expect_code(0, "enqueue");
     let reversed = ["--from", "2024-01-03", "--to", "2024-01-01"];
     for command in [
         &["cancel", "p"][..],
@@ -531,20 +513,12 @@ async fn check_source_notes_a_field_the_record_lacks(backend: Backend) {
     env.write("data/2024-01-01.ndjson", "{\"id\": \"a\", \"w\": 1}\n");
     let out = env.tidemark(&["validate", "p", "--check-source", "--period", "2024-01-01"]);
     out.expect_code(0, "validate --check-source");
-    let v = out
-        .stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("v = "))
-        .unwrap_or_else(|| panic!("no line for v\n{out}"));
+    let v = line_starting(&out, "v = ");
     assert!(
         v.contains("NULL") && v.contains("absent") && v.contains("renamed or removed upstream"),
         "{v}\n{out}"
     );
-    let id = out
-        .stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("id = "))
-        .unwrap_or_else(|| panic!("no line for id\n{out}"));
+    let id = line_starting(&out, "id = ");
     assert!(!id.contains("absent"), "{id}");
     assert!(env.db.untouched().await, "validate opens no database");
 }
@@ -554,11 +528,7 @@ async fn check_source_notes_a_field_the_record_lacks(backend: Backend) {
 /// stored rows exceed the memory budget fails with class `local_io`,
 /// naming the directory and the cause, and the table keeps its rows.
 async fn a_spill_file_failure_names_the_temporary_directory(backend: Backend) {
-    let env = Env::new(backend).await;
-    day_file(&env, "2024-01-01", 2_000);
-    base_pipeline(&env, FIELDS, "memory_budget = \"1KiB\"");
-    env.tidemark(&["run", "p", "--period", "2024-01-01"])
-        .expect_code(0, "first run");
+    let env = loaded_day(backend, 2_000, "memory_budget = \"1KiB\"").await;
     let nowhere = env.path("no-such-tmp");
     let nowhere = nowhere.display().to_string();
     let out = env.tidemark_env(

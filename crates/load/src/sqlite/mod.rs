@@ -142,14 +142,15 @@ impl SqliteStore {
             store.close().await;
             return Ok(None);
         }
-        let applied: Vec<i64> =
+        let applied = || async {
             sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
                 .fetch_all(&store.pool)
                 .await
-                .map_err(named)?;
-        if let Some(missing) = crate::missing_migration(&Self::migrator(), &applied) {
+                .map_err(named)
+        };
+        if let Err(error) = crate::check_migrated(&Self::migrator(), applied).await {
             store.close().await;
-            return Err(missing);
+            return Err(error);
         }
         Ok(Some(store))
     }
@@ -187,7 +188,7 @@ impl SqliteStore {
     /// processes starting on a fresh file can both try to apply the same
     /// migration; the loser fails on "already exists" after the winner
     /// committed, and simply tries again (and then finds nothing to do).
-    fn migrator() -> sqlx::migrate::Migrator {
+    pub(crate) fn migrator() -> sqlx::migrate::Migrator {
         sqlx::migrate!("../../migrations/sqlite")
     }
 
