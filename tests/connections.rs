@@ -136,8 +136,14 @@ async fn sqlite_open_errors_name_the_file_sqlite() {
     );
     let missing = env.path("no/such/folder/t.db");
     let url = format!("sqlite://{}", missing.display());
-    let out = env.tidemark_at(&url, &["status", "orders"]);
+    let out = env.tidemark_at(&url, &["run", "orders", "--period", "2024-01-05"]);
     out.expect_code(1, "unopenable path");
     assert!(out.stderr.contains(&missing.display().to_string()), "{out}");
     assert!(out.stderr.contains("unable to open"), "{out}");
+    // `status` only reads: a file that is not there holds no ledger, and it
+    // says which file it looked at instead of creating one (issue 19).
+    let out = env.tidemark_at(&url, &["status", "orders"]);
+    out.expect_code(0, "status of a file that is not there");
+    assert!(out.stderr.contains(&missing.display().to_string()), "{out}");
+    assert!(!missing.exists(), "status created no file");
 }

@@ -793,11 +793,12 @@ impl Env {
     pub fn status_of(&self, pipeline: &str, period: &str) -> Option<Json> {
         let out = self.tidemark(&["status", pipeline, "--period", period, "--json"]);
         out.expect_code(0, "status --period --json");
-        // A period the ledger has no row for is a `missing` line.
+        // A period the ledger has no row for is a `missing` (or, not due
+        // yet, a `not_due`) line.
         let mut lines: Vec<Json> = out
             .json_lines()
             .into_iter()
-            .filter(|line| line["status"] != "missing")
+            .filter(|line| line["status"] != "missing" && line["status"] != "not_due")
             .collect();
         assert!(lines.len() <= 1, "one run key per period expected\n{out}");
         lines.pop()

@@ -9,6 +9,7 @@ mod coordination;
 mod drift;
 mod foundation;
 mod guards;
+mod hardening_config;
 mod hardening_drift;
 mod hardening_extract;
 mod hardening_periods;

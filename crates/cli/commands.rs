@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
+use tidemark_core::{Error, ErrorClass, Period, Pipeline, RawRecord, RunKey};
 use tidemark_load::{Enqueue, EnqueuedBy, RunStatus, Store, WorkerId};
 
 use crate::cli::{
@@ -16,6 +16,7 @@ use crate::engine::{Context, Job, Outcome, RunFlags};
 use crate::exit::Exit;
 use crate::output;
 use crate::plan::{self, Ask, Intent, Planned};
+use crate::prepare::ABSENT_NOTE;
 use crate::shutdown;
 
 /// Runs the command; `Ok(exit)` once something ran. Commands that run
@@ -62,7 +63,18 @@ pub fn pipeline_path(global: &Global, name: &str) -> PathBuf {
 /// Loads and checks a pipeline, without its secrets: what commands that
 /// only read or tidy the ledger need (`status`). An unset `${NAME}`
 /// matters only to commands that contact the source.
+///
+/// The clock is part of the configuration every command loads: a
+/// `TIDEMARK_NOW` that is no time, or a schedule that does not fire after
+/// it, stops the command here (exit 2) before any database is opened, and
+/// keeps `serve`'s previous definition on a SIGHUP.
 pub fn load_pipeline(global: &Global, name: &str) -> Result<Pipeline, Error> {
+    let pipeline = read_pipeline(global, name)?;
+    pipeline.check_schedule(crate::clock::now()?)?;
+    Ok(pipeline)
+}
+
+fn read_pipeline(global: &Global, name: &str) -> Result<Pipeline, Error> {
     let path = pipeline_path(global, name);
     if !path.exists() {
         return Err(Error::config(
@@ -257,15 +269,7 @@ pub async fn run_jobs(
 
 /// The periods `--from` to `--to` name, both included.
 fn backfill_periods(pipeline: &Pipeline, args: &BackfillArgs) -> Result<Vec<Period>, Error> {
-    let from = pipeline.period_arg("--from", &args.from)?;
-    let to = pipeline.period_arg("--to", &args.to)?;
-    if to.start() < from.start() {
-        return Err(Error::config(
-            "command line",
-            "--to",
-            format!("{} is before --from {}", to.label(), from.label()),
-        ));
-    }
+    let (from, to) = pipeline.period_range(&args.from, &args.to)?;
     Ok(Period::range_inclusive(from, to).collect())
 }
 
@@ -507,10 +511,10 @@ async fn queue_plan(
 async fn cancel(global: &Global, args: CancelArgs) -> Result<Exit, Error> {
     let pipeline = load_pipeline(global, &args.pipeline)?;
     let range = match (&args.from, &args.to) {
-        (Some(from), Some(to)) => Some((
-            pipeline.period_arg("--from", from)?.start_rfc3339(),
-            pipeline.period_arg("--to", to)?.start_rfc3339(),
-        )),
+        (Some(from), Some(to)) => {
+            let (from, to) = pipeline.period_range(from, to)?;
+            Some((from.start_rfc3339(), to.start_rfc3339()))
+        }
         _ => None,
     };
     if let Some(source) = &args.source {
@@ -613,17 +617,7 @@ async fn check_sources(pipeline: &Pipeline, period: Option<&str>) -> Exit {
                     page.resource
                 );
                 if let Some(record) = &page.first {
-                    match transformer.transform(record) {
-                        Ok(row) => {
-                            for (name, value) in transformer.names().iter().zip(&row.values) {
-                                say!(
-                                    "    {name} = {}",
-                                    value.canonical_text().unwrap_or_else(|| "NULL".into())
-                                );
-                            }
-                        }
-                        Err(e) => say!("    the first record does not map: {e}"),
-                    }
+                    show_first_record(&transformer, record);
                 }
             }
             Err(e) => {
@@ -637,6 +631,27 @@ async fn check_sources(pipeline: &Pipeline, period: Option<&str>) -> Exit {
         }
     }
     Exit::worst(exits)
+}
+
+/// How the first record maps to the fields, each value as it would load.
+/// A field the (JSON) record lacks carries the note a run logs for it, so
+/// a NULL there reads as what it is: possibly renamed or removed upstream.
+fn show_first_record(transformer: &tidemark_transform::Transformer, record: &RawRecord) {
+    let mut presence = transformer.presence();
+    match transformer.transform_noting(record, &mut presence) {
+        Ok(row) => {
+            let absent = transformer.absent_fields(&presence);
+            for (name, value) in transformer.names().iter().zip(&row.values) {
+                let shown = value.canonical_text().unwrap_or_else(|| "NULL".into());
+                if absent.contains(&name.as_str()) {
+                    say!("    {name} = {shown}  (absent from the record: {ABSENT_NOTE})");
+                } else {
+                    say!("    {name} = {shown}");
+                }
+            }
+        }
+        Err(e) => say!("    the first record does not map: {e}"),
+    }
 }
 
 async fn prune(global: &Global, args: PruneArgs) -> Result<Exit, Error> {

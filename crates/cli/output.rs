@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 
+use chrono::{DateTime, Utc};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tidemark_core::{Period, Pipeline, RunKey};
@@ -168,14 +169,21 @@ impl Summary {
 /// periods it has no row for.
 #[derive(Debug, Clone, Copy)]
 pub enum StatusLine<'a> {
-    /// A ledger row.
-    Recorded(&'a LedgerEntry),
-    /// No ledger row: never run, never queued.
+    /// A ledger row, and when its period becomes (or became) due.
+    Recorded {
+        entry: &'a LedgerEntry,
+        due_at: Option<DateTime<Utc>>,
+    },
+    /// No ledger row: never run, never queued. `due` tells a gap
+    /// (`missing`: due since `due_at`) from a period still to come
+    /// (`not_due`: due at `due_at`).
     Missing {
         pipeline: &'a str,
         source: &'a str,
         export_type: &'a str,
         period: &'a Period,
+        due_at: Option<DateTime<Utc>>,
+        due: bool,
     },
 }
 
@@ -207,24 +215,45 @@ struct MissingJson<'a> {
     priority: i64,
     not_before: Option<String>,
     enqueued_by: Option<String>,
+    /// When the period becomes (or became) due: its end plus `lag`.
+    due_at: Option<String>,
+}
+
+/// An instant as RFC 3339 in UTC, to the second.
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// A recorded line in JSON: the ledger row's fields, then `due_at` as on
+/// every line.
+#[derive(Serialize)]
+struct RecordedJson<'a> {
+    #[serde(flatten)]
+    entry: &'a LedgerEntry,
+    due_at: Option<String>,
 }
 
 /// `status --json`: one object per line.
 pub fn print_status_json(line: &StatusLine<'_>) {
     let json = match *line {
-        StatusLine::Recorded(entry) => serde_json::to_string(entry),
+        StatusLine::Recorded { entry, due_at } => serde_json::to_string(&RecordedJson {
+            entry,
+            due_at: due_at.map(rfc3339),
+        }),
         StatusLine::Missing {
             pipeline,
             source,
             export_type,
             period,
+            due_at,
+            due,
         } => serde_json::to_string(&MissingJson {
             pipeline,
             source,
             export_type,
             period_start: period.start_rfc3339(),
             period_end: period.end_rfc3339(),
-            status: "missing",
+            status: if due { "missing" } else { "not_due" },
             attempts: 0,
             run_id: None,
             counts: Counts::default(),
@@ -241,6 +270,7 @@ pub fn print_status_json(line: &StatusLine<'_>) {
             priority: 0,
             not_before: None,
             enqueued_by: None,
+            due_at: due_at.map(rfc3339),
         }),
     };
     if let Ok(json) = json {
@@ -276,7 +306,7 @@ impl StatusTable {
         }
         self.rows += 1;
         match *line {
-            StatusLine::Recorded(e) => status_row(
+            StatusLine::Recorded { entry: e, .. } => status_row(
                 &e.period_start,
                 &e.source,
                 e.status.as_str(),
@@ -285,14 +315,24 @@ impl StatusTable {
                 e.finished_at.as_deref().unwrap_or("-"),
                 &note(e),
             ),
-            StatusLine::Missing { source, period, .. } => status_row(
+            StatusLine::Missing {
+                source,
+                period,
+                due_at,
+                due,
+                ..
+            } => status_row(
                 &period.start_rfc3339(),
                 source,
-                "missing",
+                if due { "missing" } else { "not_due" },
                 0,
                 None,
                 "-",
-                "never run",
+                &match (due, due_at) {
+                    (true, _) => "never run".to_string(),
+                    (false, Some(at)) => format!("not due until {}", rfc3339(at)),
+                    (false, None) => "never due".to_string(),
+                },
             ),
         }
     }

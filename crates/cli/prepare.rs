@@ -220,11 +220,15 @@ fn warn_absent(transformer: &Transformer, presence: &Presence, span: Option<(Loc
         fields = %absent.join(","),
         first = %first,
         last = %last,
-        "{} absent from every record of the batch (first..last): renamed or removed upstream? \
-         They load as NULL or their default",
+        "{} absent from every record of the batch (first..last): {ABSENT_NOTE}",
         fields.join(", ")
     );
 }
+
+/// What a field no JSON record held may mean, said alike by a run's
+/// warning and by `validate --check-source`.
+pub(crate) const ABSENT_NOTE: &str =
+    "renamed or removed upstream? They load as NULL or their default";
 
 fn reject_of(error: &Error, record: &RawRecord) -> Reject {
     let (field, value, reason) = match error {

@@ -9,7 +9,7 @@
 
 use std::iter::Peekable;
 
-use chrono::{DateTime, FixedOffset};
+use chrono::{DateTime, FixedOffset, Utc};
 use tidemark_core::{Error, FieldsFingerprint, Period, Pipeline};
 use tidemark_load::{LedgerEntry, RunStatus, StartRange, Store};
 
@@ -19,12 +19,25 @@ use crate::exit::Exit;
 use crate::output::{self, StatusLine};
 
 /// `status PIPELINE [--period P | --from P1 --to P2] [--only STATE] [--json]`.
+///
+/// It only reads: the database is opened read-only (a missing SQLite file
+/// is not created, an old ledger is not migrated but named, with
+/// `tidemark migrate` to run), and no ledger yet means no run key yet.
 pub async fn status(global: &Global, args: StatusArgs) -> Result<Exit, Error> {
     let pipeline = crate::commands::load_pipeline(global, &args.pipeline)?;
-    let range = expected_range(&pipeline, &args)?;
-    let store = Store::connect(&global.database_url).await?;
-    let result = print(&store, &pipeline, &args, range).await;
-    store.close().await;
+    let now = crate::clock::now()?;
+    let range = expected_range(&pipeline, &args, now)?;
+    let store = Store::open_read_only(&global.database_url).await?;
+    if store.is_none() {
+        tell!(
+            "note: no ledger at {} yet: nothing has run against this database (status creates none)",
+            tidemark_load::redact_url(&global.database_url)
+        );
+    }
+    let result = print(store.as_ref(), &pipeline, &args, range, now).await;
+    if let Some(store) = &store {
+        store.close().await;
+    }
     result.map(|()| Exit::Success)
 }
 
@@ -34,24 +47,17 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<Exit, Error> {
 fn expected_range(
     pipeline: &Pipeline,
     args: &StatusArgs,
+    now: DateTime<Utc>,
 ) -> Result<Option<(Period, Period)>, Error> {
     if let Some(text) = &args.period {
         let period = pipeline.period(text)?;
         return Ok(Some((period, period)));
     }
     if let (Some(from), Some(to)) = (&args.from, &args.to) {
-        let (from, to) = (pipeline.period(from)?, pipeline.period(to)?);
-        if to.start() < from.start() {
-            return Err(Error::config(
-                "command line",
-                "--to",
-                format!("--to {} is before --from {}", to.label(), from.label()),
-            ));
-        }
-        return Ok(Some((from, to)));
+        return pipeline.period_range(from, to).map(Some);
     }
     if args.only == Some(StatusOnly::Missing) {
-        let due = pipeline.due_periods(crate::clock::now()?)?;
+        let due = pipeline.due_periods(now)?;
         return Ok(due.first().copied().zip(due.last().copied()));
     }
     Ok(None)
@@ -61,10 +67,11 @@ fn expected_range(
 /// printed is tried again with the pipeline's retries; once lines are out,
 /// a retry would print them twice, so the error is reported instead.
 async fn print(
-    store: &Store,
+    store: Option<&Store>,
     pipeline: &Pipeline,
     args: &StatusArgs,
     range: Option<(Period, Period)>,
+    now: DateTime<Utc>,
 ) -> Result<(), Error> {
     let starts = range.map(|(from, to)| (from.start_rfc3339(), to.start_rfc3339()));
     let ledger_range = StartRange {
@@ -75,13 +82,18 @@ async fn print(
     sources.sort();
     let mut backoff = Backoff::new(&pipeline.retry);
     loop {
-        let mut view = View::new(pipeline, args, sources.clone(), range);
-        let read = store
-            .status_each(&pipeline.spec.name, ledger_range, |entry| {
-                view.push(entry);
-                Ok(())
-            })
-            .await;
+        let mut view = View::new(pipeline, args, sources.clone(), range, now);
+        let read = match store {
+            Some(store) => {
+                store
+                    .status_each(&pipeline.spec.name, ledger_range, |entry| {
+                        view.push(entry);
+                        Ok(())
+                    })
+                    .await
+            }
+            None => Ok(()),
+        };
         match read {
             Err(e) if view.printed == 0 && backoff.should_retry(&e, "read the ledger").await => {}
             Err(e) => return Err(e),
@@ -107,6 +119,9 @@ struct View<'a> {
     group: Vec<LedgerEntry>,
     table: output::StatusTable,
     printed: usize,
+    /// The clock that decides what is due: an expected period without a
+    /// ledger row is `missing` once due, `not_due` before.
+    now: DateTime<Utc>,
 }
 
 impl<'a> View<'a> {
@@ -116,6 +131,7 @@ impl<'a> View<'a> {
         args: &StatusArgs,
         sources: Vec<String>,
         range: Option<(Period, Period)>,
+        now: DateTime<Utc>,
     ) -> Self {
         let expected = range.map(|(from, to)| {
             let periods: Box<dyn Iterator<Item = Period> + Send> =
@@ -132,6 +148,7 @@ impl<'a> View<'a> {
             group: Vec::new(),
             table: output::StatusTable::default(),
             printed: 0,
+            now,
         }
     }
 
@@ -203,13 +220,23 @@ impl<'a> View<'a> {
 
     fn print_recorded(&mut self, entry: &LedgerEntry) {
         if self.only.map_or(true, |only| matches(only, entry)) {
-            self.emit(StatusLine::Recorded(entry));
+            let due_at = DateTime::parse_from_rfc3339(&entry.period_end)
+                .ok()
+                .and_then(|end| {
+                    let lag = chrono::Duration::from_std(self.pipeline.lag).ok()?;
+                    end.with_timezone(&Utc).checked_add_signed(lag)
+                });
+            self.emit(StatusLine::Recorded { entry, due_at });
         }
     }
 
     /// `missing` lines for `period`: the given sources, or every source.
+    /// A period not due yet is no gap: its lines say when it becomes due
+    /// (`not_due`), and `--only missing` leaves them out.
     fn print_missing(&mut self, period: &Period, sources: &[String]) {
-        if self.only.is_some_and(|only| only != StatusOnly::Missing) {
+        let due_at = self.pipeline.due_at(period);
+        let not_due = !due_at.is_some_and(|at| at <= self.now);
+        if self.only.is_some() && (not_due || self.only != Some(StatusOnly::Missing)) {
             return;
         }
         let sources = if sources.is_empty() {
@@ -223,6 +250,8 @@ impl<'a> View<'a> {
                 source,
                 export_type: &self.pipeline.spec.export_type,
                 period,
+                due_at,
+                due: !not_due,
             });
         }
     }

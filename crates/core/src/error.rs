@@ -32,6 +32,10 @@ pub enum ErrorClass {
     /// The source returned another number of records than it declared
     /// (`expect_count`): the period is not complete, so it is not done.
     Incomplete,
+    /// A file on the worker's own machine failed: the temporary file a
+    /// large period's comparison spills to (`TMPDIR` unwritable or full).
+    /// Neither the source nor the database is at fault.
+    LocalIo,
 }
 
 impl ErrorClass {
@@ -46,6 +50,7 @@ impl ErrorClass {
             ErrorClass::Source => "source",
             ErrorClass::Database => "database",
             ErrorClass::Incomplete => "incomplete",
+            ErrorClass::LocalIo => "local_io",
         }
     }
 }
@@ -189,6 +194,17 @@ pub enum Error {
         /// True for I/O, pool time-outs, busy/locked, serialization failures.
         transient: bool,
     },
+    /// A temporary file on this machine could not be created, written or
+    /// read (the spill file of a period's stored row hashes). Permanent for
+    /// the attempt: the directory stays full or unwritable until someone
+    /// acts; the period fails and is tried again after its back-off.
+    #[error("local temporary file in {dir}: {message}")]
+    TempFile {
+        /// The directory the file is made in (`TMPDIR`, else `/tmp`).
+        dir: String,
+        /// What was being done and the operating system's cause.
+        message: String,
+    },
     /// The database cannot store anything more: its disk is full, its
     /// storage failed, or its file is corrupt or read-only. Nothing later
     /// can succeed until an operator acts, so a command that meets this
@@ -215,6 +231,7 @@ impl Error {
             }
             Error::Source { .. } => ErrorClass::Source,
             Error::Database { .. } | Error::Storage { .. } => ErrorClass::Database,
+            Error::TempFile { .. } => ErrorClass::LocalIo,
         }
     }
 

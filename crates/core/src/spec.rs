@@ -527,7 +527,14 @@ impl Schedule {
     }
 }
 
+/// How far ahead a schedule must fire at least once: a cron that does not
+/// fire within it (`0 0 30 2 *`, the 31st of a 30-day month) never will,
+/// and one that fires this rarely cannot be what was meant. Eight years
+/// take in every 29 February, even across a century that skips one.
+pub const SCHEDULE_HORIZON_YEARS: i32 = 8;
+
 fn parse_cron(expression: &str) -> Result<cron::Schedule, String> {
+    use cron::TimeUnitSpec;
     use std::str::FromStr;
     let fields = expression.split_whitespace().count();
     let full = if fields == 5 {
@@ -535,8 +542,14 @@ fn parse_cron(expression: &str) -> Result<cron::Schedule, String> {
     } else {
         expression.to_string()
     };
-    cron::Schedule::from_str(&full)
-        .map_err(|e| format!("invalid cron expression {expression:?}: {e}"))
+    let cron = cron::Schedule::from_str(&full)
+        .map_err(|e| format!("invalid cron expression {expression:?}: {e}"))?;
+    if !cron.years().is_all() {
+        return Err(format!(
+            "{expression:?} names years: a schedule that stops firing in some year leaves the service nothing to do after it; give five fields (or six with seconds), without a year"
+        ));
+    }
+    Ok(cron)
 }
 
 /// Bounded exponential backoff with full jitter.
@@ -620,6 +633,12 @@ impl Pipeline {
             ))),
             _ => None,
         };
+        if schedule.is_some() && first_period.is_none() {
+            return Err(check.err(
+                "schedule",
+                "a schedule queues the due periods from the first one on, so it needs period.start; set it, or remove [schedule]",
+            ));
+        }
         Ok(Pipeline {
             spec,
             file: path.to_path_buf(),
@@ -651,6 +670,22 @@ impl Pipeline {
             self.spec.period.timezone,
         )
         .map_err(|e| Error::config("command line", flag, e.to_string()))
+    }
+
+    /// The periods `--from` and `--to` name, both included: a usage error
+    /// when `--to` comes before `--from`, for every command that takes a
+    /// range (an empty range would otherwise do nothing and exit 0).
+    pub fn period_range(&self, from: &str, to: &str) -> Result<(Period, Period), Error> {
+        let from = self.period_arg("--from", from)?;
+        let to = self.period_arg("--to", to)?;
+        if to.start() < from.start() {
+            return Err(Error::config(
+                "command line",
+                "--to",
+                format!("{} is before --from {}", to.label(), from.label()),
+            ));
+        }
+        Ok((from, to))
     }
 
     /// Every template of the pipeline that reads the environment must find
@@ -762,6 +797,42 @@ impl Pipeline {
         pipeline
     }
 
+    /// A schedule that does not fire within [`SCHEDULE_HORIZON_YEARS`]
+    /// after `now` is a configuration error naming `schedule.cron`: every
+    /// command that loads the pipeline checks it against the clock that
+    /// decides what is due, so `serve` never starts (or reloads) a
+    /// schedule that cannot fire.
+    pub fn check_schedule(&self, now: chrono::DateTime<chrono::Utc>) -> Result<(), Error> {
+        let Some(Schedule::Cron(cron)) = &self.schedule else {
+            return Ok(());
+        };
+        let horizon = now
+            .checked_add_months(chrono::Months::new(
+                12 * SCHEDULE_HORIZON_YEARS.unsigned_abs(),
+            ))
+            .unwrap_or(now);
+        match cron.after(&now).next() {
+            Some(at) if at <= horizon => Ok(()),
+            next => Err(Error::config(
+                self.file_name(),
+                "schedule.cron",
+                format!(
+                    "{:?} does not fire in the {SCHEDULE_HORIZON_YEARS} years after {} ({}): such a schedule would never queue anything; give one that fires",
+                    self.spec
+                        .schedule
+                        .as_ref()
+                        .and_then(|s| s.cron.as_deref())
+                        .unwrap_or_default(),
+                    now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    match next {
+                        Some(at) => format!("its next fire is {}", at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+                        None => "it names no time after that".to_string(),
+                    }
+                ),
+            )),
+        }
+    }
+
     /// The source with this id.
     pub fn source(&self, id: &str) -> Option<&SourceSpec> {
         self.spec.sources.iter().find(|s| s.id() == id)
@@ -843,6 +914,32 @@ const PAGE_SIZE: Limit<u64> = Limit {
     why: "a page of 0 records asks for nothing (an offset would never advance), and past 1000000 no API serves such a page",
 };
 
+/// The longest identifier PostgreSQL keeps whole (NAMEDATALEN - 1 bytes);
+/// a longer one is cut, silently, to this length.
+pub const MAX_IDENTIFIER: usize = 63;
+
+/// Names starting with this (in any ASCII case) belong to tidemark: the
+/// lineage columns (`_tm_source`, ...) and the ledger's tables.
+const RESERVED_PREFIX: &str = "_tm_";
+
+/// The index tidemark makes on each destination table is named
+/// `TABLE__tm_run_key` (crates/load's table modules).
+pub const RUN_KEY_INDEX_SUFFIX: &str = "__tm_run_key";
+
+/// Columns every table has on one of the databases, with that database:
+/// SQLite's row id (under its three names) and PostgreSQL's system columns.
+const SYSTEM_COLUMNS: [(&str, &str); 9] = [
+    ("rowid", "SQLite"),
+    ("oid", "SQLite"),
+    ("_rowid_", "SQLite"),
+    ("tableoid", "PostgreSQL"),
+    ("xmin", "PostgreSQL"),
+    ("cmin", "PostgreSQL"),
+    ("xmax", "PostgreSQL"),
+    ("cmax", "PostgreSQL"),
+    ("ctid", "PostgreSQL"),
+];
+
 struct Checker<'a> {
     file: &'a str,
 }
@@ -913,19 +1010,68 @@ impl Checker<'_> {
         })
     }
 
+    /// A name tidemark makes a column or table of. The rules are those of
+    /// the stricter of the two databases: at most 63 bytes (PostgreSQL cuts
+    /// longer identifiers, so two long names would become one), ASCII only,
+    /// and `_tm_` reserved in any case (SQLite compares names without
+    /// regard to ASCII case, so `_TM_SOURCE` is `_tm_source` there).
     fn identifier(&self, key: &str, name: &str) -> Result<(), Error> {
         let ok = !name.is_empty()
-            && name.len() <= 63
+            && name.len() <= MAX_IDENTIFIER
             && name
                 .chars()
                 .next()
                 .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ok {
-            return Err(self.err(key, format!("{name:?} is not a valid name: use letters, digits and _ (at most 63), not starting with a digit")));
+            return Err(self.err(key, format!("{name:?} is not a valid name: use letters, digits and _, not starting with a digit, at most {MAX_IDENTIFIER} bytes (PostgreSQL cuts longer names, so two of them could become one)")));
         }
-        if name.starts_with("_tm_") {
-            return Err(self.err(key, format!("{name:?}: names starting with _tm_ are reserved for tidemark's lineage columns")));
+        if name.to_ascii_lowercase().starts_with(RESERVED_PREFIX) {
+            return Err(self.err(key, format!("{name:?}: names starting with _tm_ (in any case) are reserved for tidemark's lineage columns and tables")));
+        }
+        Ok(())
+    }
+
+    /// A field's column name: an identifier that is none of the columns a
+    /// database already gives every table. On SQLite a column named
+    /// `rowid` would stand in for the row id tidemark deletes by (the
+    /// wrong rows would go); on PostgreSQL a system column's name cannot be
+    /// created at all. Compared without regard to case, as SQLite does.
+    fn column_name(&self, key: &str, name: &str) -> Result<(), Error> {
+        self.identifier(key, name)?;
+        let system = SYSTEM_COLUMNS
+            .iter()
+            .find(|(column, _)| column.eq_ignore_ascii_case(name));
+        match system {
+            Some((column, database)) => Err(self.err(
+                key,
+                format!("{name:?} is the name of {database}'s own column `{column}` on every table; rename the field (its input can keep the name through `from`)"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The destination table's name: an identifier that leaves room for the
+    /// index tidemark names after it (`TABLE__tm_run_key`) within
+    /// [`MAX_IDENTIFIER`] bytes, and is not itself such an index's name.
+    fn table_name(&self, name: &str) -> Result<(), Error> {
+        let key = "load.table";
+        self.identifier(key, name)?;
+        let longest = MAX_IDENTIFIER - RUN_KEY_INDEX_SUFFIX.len();
+        if name.len() > longest {
+            return Err(self.err(
+                key,
+                format!(
+                    "{name:?} is {} bytes: tidemark names the table's index {name}{RUN_KEY_INDEX_SUFFIX}, which must fit in {MAX_IDENTIFIER} bytes (PostgreSQL cuts longer names, and two cut names collide); give a table name of at most {longest} bytes",
+                    name.len()
+                ),
+            ));
+        }
+        if name.to_ascii_lowercase().ends_with(RUN_KEY_INDEX_SUFFIX) {
+            return Err(self.err(
+                key,
+                format!("{name:?}: names ending in {RUN_KEY_INDEX_SUFFIX} (in any case) are reserved for the index tidemark makes on each destination table"),
+            ));
         }
         Ok(())
     }
@@ -1102,9 +1248,10 @@ impl Checker<'_> {
         if spec.fields.is_empty() {
             return Err(self.err("fields", "at least one field is required"));
         }
-        for (name, field) in &spec.fields {
+        for (i, (name, field)) in spec.fields.iter().enumerate() {
             let at = |k: &str| format!("fields.{name}.{k}");
-            self.identifier(&format!("fields.{name}"), name)?;
+            self.column_name(&format!("fields.{name}"), name)?;
+            self.distinct_column(&spec.fields, i, name)?;
             if let Some(value) = &field.value {
                 self.template(&at("value"), value)?;
                 if field.from.is_some() {
@@ -1168,9 +1315,31 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// Field `i` must not name the same column as an earlier one on either
+    /// database: SQLite compares column names without regard to ASCII case
+    /// (`note` and `Note` are one column there, two on PostgreSQL).
+    fn distinct_column(
+        &self,
+        fields: &IndexMap<String, FieldSpec>,
+        i: usize,
+        name: &str,
+    ) -> Result<(), Error> {
+        let earlier = fields
+            .keys()
+            .take(i)
+            .find(|other| other.eq_ignore_ascii_case(name));
+        match earlier {
+            Some(other) => Err(self.err(
+                format!("fields.{name}"),
+                format!("{name:?} and {other:?} name the same column on SQLite, which compares names without regard to case; rename one of them"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     fn load(&self, spec: &PipelineSpec) -> Result<(), Error> {
         let load = &spec.load;
-        self.identifier("load.table", &load.table)?;
+        self.table_name(&load.table)?;
         if load.key.is_empty() {
             return Err(self.err("load.key", "at least one natural key field is required"));
         }
@@ -1387,6 +1556,41 @@ on_missing = "delete"
         assert_eq!(key, "load.table");
     }
 
+    /// Names that are one on SQLite (any ASCII case) or on PostgreSQL (the
+    /// first 63 bytes) are refused, naming both.
+    #[test]
+    fn names_equal_on_either_database_are_refused() {
+        let (key, message) = config_err(&GOOD.replace("region =", "Amount ="));
+        assert_eq!(key, "fields.Amount");
+        assert!(
+            message.contains("\"amount\"") && message.contains("\"Amount\""),
+            "{message}"
+        );
+        let (key, _) = config_err(&GOOD.replace("region =", "_TM_Source ="));
+        assert_eq!(key, "fields._TM_Source");
+        for system in ["rowid", "OID", "_rowid_", "xmin", "ctid", "tableoid"] {
+            let (key, message) = config_err(&GOOD.replace("region =", &format!("{system} =")));
+            assert_eq!(key, format!("fields.{system}"));
+            assert!(message.contains("own column"), "{message}");
+        }
+        let long = "a".repeat(64);
+        let (key, message) = config_err(&GOOD.replace("region =", &format!("{long} =")));
+        assert_eq!(key, format!("fields.{long}"));
+        assert!(message.contains("63"), "{message}");
+        let table = "t".repeat(52);
+        let (key, message) =
+            config_err(&GOOD.replace("table = \"orders\"", &format!("table = \"{table}\"")));
+        assert_eq!(key, "load.table");
+        assert!(message.contains("__tm_run_key"), "{message}");
+        let fits = "t".repeat(51);
+        parse(&GOOD.replace("table = \"orders\"", &format!("table = \"{fits}\""))).unwrap();
+        let (key, _) =
+            config_err(&GOOD.replace("table = \"orders\"", "table = \"Orders__TM_run_key\""));
+        assert_eq!(key, "load.table");
+        let (key, _) = config_err(&GOOD.replace("table = \"orders\"", "table = \"_TM_runs\""));
+        assert_eq!(key, "load.table");
+    }
+
     const HTTP_SOURCE: &str = r#"[[sources]]
 id = "api"
 transport = "http"
@@ -1574,6 +1778,36 @@ url = "http://127.0.0.1:1/orders"
         );
         let (key, _) = config_err(&format!("{GOOD}\n[schedule]\ncron = \"every tuesday\"\n"));
         assert_eq!(key, "schedule.cron");
+    }
+
+    /// Schedules that parse but cannot fire: no first period to queue
+    /// from, a year field that runs out, a date that never comes.
+    #[test]
+    fn schedules_that_cannot_fire_are_refused() {
+        let no_start = GOOD.replace("start = \"2024-01-01\"\n", "");
+        let (key, message) = config_err(&format!("{no_start}\n[schedule]\nevery = \"1h\"\n"));
+        assert_eq!(key, "schedule");
+        assert!(message.contains("period.start"), "{message}");
+        let (key, message) = config_err(&format!(
+            "{GOOD}\n[schedule]\ncron = \"0 0 0 1 1 * 2030\"\n"
+        ));
+        assert_eq!(key, "schedule.cron");
+        assert!(message.contains("year"), "{message}");
+        let now = chrono::DateTime::parse_from_rfc3339("2024-03-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        for never in ["0 0 30 2 *", "0 0 31 4 *", "0 0 0 31 11 * *"] {
+            let p = parse(&format!("{GOOD}\n[schedule]\ncron = \"{never}\"\n")).unwrap();
+            let error = p.check_schedule(now).unwrap_err();
+            assert!(
+                error.to_string().contains("schedule.cron") && error.to_string().contains(never),
+                "{error}"
+            );
+        }
+        for fires in ["0 0 29 2 *", "*/15 * * * *", "0 0 31 12 *"] {
+            let p = parse(&format!("{GOOD}\n[schedule]\ncron = \"{fires}\"\n")).unwrap();
+            p.check_schedule(now).unwrap();
+        }
     }
 
     #[test]

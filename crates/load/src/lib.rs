@@ -79,10 +79,14 @@ impl Store {
         })
     }
 
-    /// Opens `url` read-only, for a dry run: nothing is created, migrated
-    /// or written (SQLite opens the file read-only, PostgreSQL runs every
-    /// transaction read-only). `None` when there is no ledger yet (no
-    /// SQLite file, or no ledger tables): every run key is new.
+    /// Opens `url` read-only, for the commands that only read (`status`,
+    /// every dry run): nothing is created, migrated or written (SQLite
+    /// opens the file read-only, PostgreSQL runs every transaction
+    /// read-only). `None` when there is no ledger yet (no SQLite file, or
+    /// no ledger tables): every run key is new. A ledger at an older
+    /// migration is a configuration error (exit 2) saying to run
+    /// `tidemark migrate`: migrating it here would change the database
+    /// under processes of the older build.
     pub async fn open_read_only(url: &str) -> Result<Option<Store>, Error> {
         let backend = if url.starts_with("sqlite:") {
             sqlite::SqliteStore::connect_read_only(url)
@@ -413,20 +417,56 @@ fn unsupported_url(url: &str) -> Error {
     )
 }
 
-/// The first of `migrator`'s migrations that `applied` lacks, as the error
-/// a read-only open reports: it may not migrate the ledger itself.
-pub(crate) fn missing_migration(
+/// How long a read-only open waits for a ledger's missing migrations to
+/// appear before it calls the ledger old. Another process that is
+/// migrating it right now (the first `run` on a new database, while
+/// `status` polls) applies them one transaction at a time, within a few
+/// hundred milliseconds on a small ledger; each one that lands restarts
+/// the wait.
+const MIGRATION_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Checks that the ledger has every migration of `migrator`, reading the
+/// applied versions with `applied`. A read-only open may not migrate it:
+/// a ledger still lacking one after [`MIGRATION_PATIENCE`] without
+/// progress is a configuration error saying to run `tidemark migrate`.
+pub(crate) async fn check_migrated<F, Fut>(
     migrator: &sqlx::migrate::Migrator,
-    applied: &[i64],
-) -> Option<Error> {
+    mut applied: F,
+) -> Result<(), Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<i64>, Error>>,
+{
+    let mut seen = applied().await?;
+    let mut deadline = tokio::time::Instant::now() + MIGRATION_PATIENCE;
+    loop {
+        let Some(error) = missing_migration(migrator, &seen) else {
+            return Ok(());
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(error);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = applied().await?;
+        if now.len() != seen.len() {
+            deadline = tokio::time::Instant::now() + MIGRATION_PATIENCE;
+        }
+        seen = now;
+    }
+}
+
+/// The first of `migrator`'s migrations that `applied` lacks, as the error
+/// a read-only open reports.
+fn missing_migration(migrator: &sqlx::migrate::Migrator, applied: &[i64]) -> Option<Error> {
     let missing = migrator.iter().find(|m| !applied.contains(&m.version))?;
-    Some(Error::Database {
-        message: format!(
-            "the ledger in this database is older than this tidemark (migration {} \"{}\" is not applied); a dry run changes nothing, so run `tidemark migrate` first",
+    Some(Error::config(
+        "database",
+        "ledger",
+        format!(
+            "the ledger in this database is older than this tidemark (migration {} \"{}\" is not applied); this command only reads and changes nothing, so run `tidemark migrate` first (processes of the older build should be stopped by then; if another tidemark is migrating it right now, try again in a moment)",
             missing.version, missing.description
         ),
-        transient: false,
-    })
+    ))
 }
 
 /// Hides a password in a database URL.
@@ -464,5 +504,33 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
+
+    /// A read-only open waits for a ledger that another process is
+    /// migrating (its versions grow), and names an old one (they do not)
+    /// as a configuration error saying to run `tidemark migrate`.
+    #[tokio::test]
+    async fn a_read_only_open_waits_out_a_migration_and_names_an_old_ledger() {
+        let migrator = sqlite::SqliteStore::migrator();
+        let all: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+        let calls = std::sync::atomic::AtomicUsize::new(1);
+        let growing = || {
+            let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let seen = all[..n.min(all.len())].to_vec();
+            async move { Ok(seen) }
+        };
+        check_migrated(&migrator, growing).await.unwrap();
+
+        let old = all[..all.len() - 1].to_vec();
+        let started = std::time::Instant::now();
+        let error = check_migrated(&migrator, || {
+            let old = old.clone();
+            async move { Ok(old) }
+        })
+        .await
+        .unwrap_err();
+        assert!(started.elapsed() >= MIGRATION_PATIENCE);
+        assert_eq!(error.class(), tidemark_core::ErrorClass::Config);
+        assert!(error.to_string().contains("tidemark migrate"), "{error}");
     }
 }

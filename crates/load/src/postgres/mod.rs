@@ -99,14 +99,15 @@ impl PgStore {
             store.close().await;
             return Ok(None);
         }
-        let applied: Vec<i64> =
+        let applied = || async {
             sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
                 .fetch_all(&store.pool)
                 .await
-                .map_err(db_error)?;
-        if let Some(missing) = crate::missing_migration(&Self::migrator(), &applied) {
+                .map_err(db_error)
+        };
+        if let Err(error) = crate::check_migrated(&Self::migrator(), applied).await {
             store.close().await;
-            return Err(missing);
+            return Err(error);
         }
         Ok(Some(store))
     }

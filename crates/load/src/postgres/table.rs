@@ -105,7 +105,11 @@ async fn create_table(
     .db()?;
     sqlx::query(&format!(
         "CREATE INDEX {} ON {table} (_tm_source, _tm_export_type, _tm_period_start)",
-        quote(&format!("{}__tm_run_key", schema.table))
+        quote(&format!(
+            "{}{}",
+            schema.table,
+            tidemark_core::spec::RUN_KEY_INDEX_SUFFIX
+        ))
     ))
     .execute(&mut **tx)
     .await

@@ -110,6 +110,16 @@ impl SqliteStore {
         if !options.get_filename().exists() {
             return Ok(None);
         }
+        let shown = options.get_filename().display().to_string();
+        // SQLite reads the file at the first statement: its errors (not a
+        // database, unreadable) name the file as an open's would.
+        let named = |e: sqlx::Error| {
+            let mut error = crate::db_error::db_error(e);
+            if let Error::Database { message, .. } | Error::Storage { message } = &mut error {
+                *message = format!("cannot read the SQLite database {shown}: {message}");
+            }
+            error
+        };
         let pool = open::open_read_only(options).await?;
         let store = SqliteStore {
             pool,
@@ -127,19 +137,20 @@ impl SqliteStore {
         )
         .fetch_optional(&store.pool)
         .await
-        .map_err(crate::db_error::db_error)?;
+        .map_err(named)?;
         if found.is_none() {
             store.close().await;
             return Ok(None);
         }
-        let applied: Vec<i64> =
+        let applied = || async {
             sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
                 .fetch_all(&store.pool)
                 .await
-                .map_err(crate::db_error::db_error)?;
-        if let Some(missing) = crate::missing_migration(&Self::migrator(), &applied) {
+                .map_err(named)
+        };
+        if let Err(error) = crate::check_migrated(&Self::migrator(), applied).await {
             store.close().await;
-            return Err(missing);
+            return Err(error);
         }
         Ok(Some(store))
     }
@@ -177,7 +188,7 @@ impl SqliteStore {
     /// processes starting on a fresh file can both try to apply the same
     /// migration; the loser fails on "already exists" after the winner
     /// committed, and simply tries again (and then finds nothing to do).
-    fn migrator() -> sqlx::migrate::Migrator {
+    pub(crate) fn migrator() -> sqlx::migrate::Migrator {
         sqlx::migrate!("../../migrations/sqlite")
     }
 

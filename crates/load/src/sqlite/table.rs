@@ -99,7 +99,11 @@ async fn create_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Resu
     // before keep their three-column index; both serve the same queries.
     sqlx::query(&format!(
         "CREATE INDEX IF NOT EXISTS {} ON {table} (_tm_period_start)",
-        quote(&format!("{}__tm_run_key", schema.table))
+        quote(&format!(
+            "{}{}",
+            schema.table,
+            tidemark_core::spec::RUN_KEY_INDEX_SUFFIX
+        ))
     ))
     .execute(&mut *conn)
     .await

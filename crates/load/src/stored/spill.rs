@@ -31,13 +31,16 @@ const RUN_ENTRY: usize = 33;
 /// Read buffer of each run during the merge.
 const MERGE_BUFFER: usize = 64 << 10;
 
+/// A failure of the spill file: the machine's temporary directory, not
+/// the database, so it says which directory and what to do about it.
 fn io_error(what: &str, e: std::io::Error) -> Error {
-    Error::Database {
+    let dir = std::env::temp_dir();
+    Error::TempFile {
         message: format!(
-            "temporary file of the stored row hashes ({what}, in {}): {e}",
-            std::env::temp_dir().display()
+            "{what} the file of the stored row hashes a period larger than load.memory_budget compares through: {e}; free space in {} or point TMPDIR at a writable directory with room",
+            dir.display()
         ),
-        transient: false,
+        dir: dir.display().to_string(),
     }
 }
 
@@ -51,7 +54,7 @@ pub(crate) struct Runs {
 
 impl Runs {
     pub(crate) fn new() -> Result<Runs, Error> {
-        let file = tempfile::tempfile().map_err(|e| io_error("creating it", e))?;
+        let file = tempfile::tempfile().map_err(|e| io_error("creating", e))?;
         Ok(Runs {
             out: BufWriter::with_capacity(MERGE_BUFFER, file),
             lengths: Vec::new(),
@@ -97,7 +100,7 @@ impl Runs {
             start += len;
         }
         let total = usize::try_from(start).unwrap_or(usize::MAX);
-        let sorted = tempfile::tempfile().map_err(|e| io_error("creating it", e))?;
+        let sorted = tempfile::tempfile().map_err(|e| io_error("creating", e))?;
         let mut out = BufWriter::with_capacity(MERGE_BUFFER, &sorted);
         let mut heap = BinaryHeap::with_capacity(cursors.len());
         for (i, cursor) in cursors.iter_mut().enumerate() {
