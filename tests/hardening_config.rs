@@ -525,7 +525,7 @@ async fn check_source_notes_a_field_the_record_lacks(backend: Backend) {
 
 /// A spill temp-file failure was reported as `database error: database: …`
 /// with class `database`. With `TMPDIR` pointing nowhere, a re-run whose
-/// stored rows exceed the memory budget fails with class `local_io`,
+/// stored rows exceed the memory budget fails with class `config` (the worker's environment),
 /// naming the directory and the cause, and the table keeps its rows.
 async fn a_spill_file_failure_names_the_temporary_directory(backend: Backend) {
     let env = loaded_day(backend, 2_000, "memory_budget = \"1KiB\"").await;
@@ -537,7 +537,7 @@ async fn a_spill_file_failure_names_the_temporary_directory(backend: Backend) {
     );
     out.expect_code(1, "re-run without a temporary directory");
     assert!(
-        out.stderr.contains("local_io error")
+        out.stderr.contains("config error: local temporary file in")
             && out.stderr.contains(&nowhere)
             && out.stderr.contains("TMPDIR")
             && !out.stderr.contains("database error"),
@@ -545,6 +545,6 @@ async fn a_spill_file_failure_names_the_temporary_directory(backend: Backend) {
     );
     let entry = env.status_of("p", "2024-01-01").expect("ledger row");
     assert_eq!(entry["status"], "failed", "{entry}");
-    assert_eq!(entry["error_class"], "local_io", "{entry}");
+    assert_eq!(entry["error_class"], "config", "{entry}");
     assert_eq!(env.db.count("FROM p").await, 2_000);
 }

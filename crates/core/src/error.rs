@@ -23,7 +23,8 @@ pub enum ErrorClass {
     Contract,
     /// A safety rail refused the work (delete guard, duplicate keys, too many rejects).
     Invariant,
-    /// The pipeline file or the command line is wrong.
+    /// The pipeline file, the command line or the worker's environment
+    /// (an unusable `TMPDIR`) is wrong.
     Config,
     /// The source could not be read (missing file, HTTP failure).
     Source,
@@ -32,10 +33,6 @@ pub enum ErrorClass {
     /// The source returned another number of records than it declared
     /// (`expect_count`): the period is not complete, so it is not done.
     Incomplete,
-    /// A file on the worker's own machine failed: the temporary file a
-    /// large period's comparison spills to (`TMPDIR` unwritable or full).
-    /// Neither the source nor the database is at fault.
-    LocalIo,
 }
 
 impl ErrorClass {
@@ -50,7 +47,6 @@ impl ErrorClass {
             ErrorClass::Source => "source",
             ErrorClass::Database => "database",
             ErrorClass::Incomplete => "incomplete",
-            ErrorClass::LocalIo => "local_io",
         }
     }
 }
@@ -231,7 +227,7 @@ impl Error {
             }
             Error::Source { .. } => ErrorClass::Source,
             Error::Database { .. } | Error::Storage { .. } => ErrorClass::Database,
-            Error::TempFile { .. } => ErrorClass::LocalIo,
+            Error::TempFile { .. } => ErrorClass::Config,
         }
     }
 
