@@ -11,6 +11,7 @@ mod foundation;
 mod guards;
 mod hardening_extract;
 mod hardening_periods;
+mod hardening_planning;
 mod http;
 mod memory_budget;
 mod ownership;

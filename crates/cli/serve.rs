@@ -34,7 +34,7 @@ use crate::cli::{Global, ServeArgs};
 use crate::commands::{load_runnable, pipeline_files, worker};
 use crate::engine::{retry, Context, Job, Outcome, RunFlags};
 use crate::exit::Exit;
-use crate::plan::{self, Ask};
+use crate::plan::{self, Ask, Planner};
 
 /// The priority of scheduled keys: a day of head start over backfills
 /// queued at the same time (each point is a minute).
@@ -451,44 +451,63 @@ async fn fire_due(
 /// Queues what is due for `pipeline` at `now`, as `sync` would run it (the
 /// same plan): never-run periods and failed ones past their backoff fresh,
 /// the forced re-runs (lookback, provisional now due) even though done.
-async fn queue_due(shared: &Shared, pipeline: &Pipeline, now: DateTime<Utc>) -> Result<(), Error> {
+/// The plan streams a page at a time and each page is queued in its own
+/// transaction (ADR 0014): a first fire over a million due periods holds
+/// one page, and workers start on the first page while the rest is queued.
+async fn queue_due(
+    shared: &Shared,
+    pipeline: &Arc<Pipeline>,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
     let store = &shared.store;
     let sources = crate::commands::source_ids(pipeline, None)?;
-    let planned = plan::plan(
-        Some(store),
-        pipeline,
-        &sources,
-        &Ask::Sync { force: false },
+    let mut plan = Planner::new(
+        Some(store.clone()),
+        Arc::clone(pipeline),
+        sources,
+        Ask::Sync { force: false },
         now,
-    )
-    .await?;
-    let (fresh, again) = plan::queue_keys(&planned);
+        false,
+    )?;
     let mut queued = 0;
-    for (keys, requeue) in [
-        (&fresh, &[RunStatus::Failed][..]),
-        (&again, &[RunStatus::Done][..]),
-    ] {
-        if keys.is_empty() {
-            continue;
+    let result = async {
+        while let Some(page) = plan.next_page().await? {
+            let (fresh, again) = plan::queue_keys(&page);
+            let mut page_queued = 0;
+            for (keys, requeue) in [
+                (&fresh, &[RunStatus::Failed][..]),
+                (&again, &[RunStatus::Done][..]),
+            ] {
+                if keys.is_empty() {
+                    continue;
+                }
+                let batch = Enqueue {
+                    pipeline: &pipeline.spec.name,
+                    export_type: &pipeline.spec.export_type,
+                    keys,
+                    priority: SCHEDULE_PRIORITY,
+                    by: EnqueuedBy::Schedule,
+                    requeue,
+                    due_at: Some(now),
+                };
+                page_queued +=
+                    retry(&pipeline.retry, "queue due keys", || store.enqueue(&batch)).await?;
+            }
+            if page_queued > 0 {
+                queued += page_queued;
+                shared.wake.notify_waiters();
+            }
         }
-        let batch = Enqueue {
-            pipeline: &pipeline.spec.name,
-            export_type: &pipeline.spec.export_type,
-            keys,
-            priority: SCHEDULE_PRIORITY,
-            by: EnqueuedBy::Schedule,
-            requeue,
-            due_at: Some(now),
-        };
-        queued += retry(&pipeline.retry, "queue due keys", || store.enqueue(&batch)).await?;
+        Ok::<_, Error>(())
     }
+    .await;
+    store.enqueued(queued).await;
     if queued > 0 {
         tracing::info!(pipeline = %pipeline.spec.name, queued, "queued due periods");
-        shared.wake.notify_waiters();
-    } else {
+    } else if result.is_ok() {
         tracing::debug!(pipeline = %pipeline.spec.name, "nothing due");
     }
-    Ok(())
+    result
 }
 
 // ---------------------------------------------------------------------------

@@ -146,9 +146,15 @@ pub(crate) struct Statements {
     pub insert_run: String,
     /// Reads and locks the run key's row. `$1..$4`: the run key.
     pub lock_run: String,
-    /// What a claim would read, for every run key of a pipeline and export
-    /// type, without locking (dry runs). `$1` pipeline, `$2` export type.
-    pub preview_runs: String,
+    /// The rows of some run keys of a pipeline and export type, with what
+    /// a claim would read of them, without locking (planning, dry runs).
+    /// `$1` pipeline, `$2` export type, `$3` the keys as a JSON array of
+    /// `[source, period start]`: one indexed lookup per key.
+    pub key_rows: String,
+    /// The starts of a source's done rows, latest instant first (`sync`'s
+    /// lookback). `$1` pipeline, `$2` export type, `$3` source, `$4` limit,
+    /// `$5` offset.
+    pub done_starts: String,
     /// `$1`: run ref. Marks a crashed attempt lost.
     pub lose_running_attempts: String,
     /// `$1`: run ref, `$2`: run id.
@@ -252,9 +258,27 @@ impl Statements {
                 "SELECT {claim_columns} FROM _tm_runs WHERE {run_key}{}",
                 d.for_update()
             ),
-            preview_runs: format!(
-                "SELECT finished_at, error_class, {claim_columns}
-                 FROM _tm_runs WHERE pipeline = $1 AND export_type = $2"
+            // CROSS JOIN: SQLite then walks the keys and looks each up by
+            // the run key's unique index; left to choose, it scanned every
+            // row of the pipeline once per key (a page of 10,000 keys
+            // against a million rows never finished). PostgreSQL plans a
+            // CROSS JOIN with conditions as any join.
+            key_rows: format!(
+                "SELECT _tm_runs.*, CAST(CASE WHEN lease_expires_at > {now} THEN 1 ELSE 0 END AS BIGINT) AS lease_live
+                 FROM (SELECT {} AS key_source, {} AS key_start FROM {}) AS keys
+                 CROSS JOIN _tm_runs
+                 WHERE _tm_runs.pipeline = $1 AND _tm_runs.export_type = $2
+                   AND _tm_runs.source = keys.key_source AND _tm_runs.period_start = keys.key_start",
+                d.json_element(0),
+                d.json_element(1),
+                d.json_rows("$3"),
+            ),
+            done_starts: format!(
+                "SELECT period_start FROM _tm_runs
+                 WHERE pipeline = $1 AND export_type = $2 AND source = $3 AND status = '{}'
+                 ORDER BY {} DESC, period_start DESC LIMIT $4 OFFSET $5",
+                RunStatus::Done.as_str(),
+                d.instant("period_start"),
             ),
             lose_running_attempts: format!(
                 "UPDATE _tm_attempts SET status = '{}', finished_at = {now}
@@ -457,7 +481,11 @@ impl Statements {
     /// checkpoint). `$1` pipeline, `$2` export type, `$3` priority, `$4`
     /// enqueued by, `$5` the scheduler's clock (a failed key waits for its
     /// `not_before`) or NULL (an operator: at once), `$6` the keys as a
-    /// JSON array of `[source, period start]`.
+    /// JSON array of `[source, period start]`. The keys are a subquery of
+    /// `IN`, not a joined table: SQLite then looks each key up by the run
+    /// key's index, where an `UPDATE ... FROM` scanned every row of the
+    /// pipeline once per key (re-queuing 10,000 keys in a ledger of a
+    /// million did not finish).
     pub(crate) fn requeue(&self, states: &[RunStatus]) -> String {
         let d = self.dialect;
         let now = d.now();
@@ -465,9 +493,8 @@ impl Statements {
         format!(
             "UPDATE _tm_runs SET status = '{}', priority = $3, enqueued_at = {now}, enqueued_by = $4,
                     queue_rank = {}, checkpoint = NULL, not_before = NULL, updated_at = {now}
-             FROM (SELECT {} AS key_source, {} AS key_start FROM {}) AS keys
              WHERE _tm_runs.pipeline = $1 AND _tm_runs.export_type = $2
-               AND _tm_runs.source = keys.key_source AND _tm_runs.period_start = keys.key_start
+               AND (_tm_runs.source, _tm_runs.period_start) IN (SELECT {}, {} FROM {})
                AND _tm_runs.status IN ({})
                AND ($5 IS NULL OR _tm_runs.not_before IS NULL OR _tm_runs.not_before <= {})",
             RunStatus::Pending.as_str(),
@@ -531,7 +558,8 @@ mod tests {
             for sql in [
                 &s.insert_run,
                 &s.lock_run,
-                &s.preview_runs,
+                &s.key_rows,
+                &s.done_starts,
                 &s.start_attempt,
                 &s.end_attempt,
                 &s.save_progress,
