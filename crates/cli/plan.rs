@@ -377,7 +377,7 @@ impl Planner {
                     store.done_starts(&spec.name, &spec.export_type, source, limit, offset)
                 })
                 .await?;
-                let full = page.len() as i64 == limit;
+                let full = i64::try_from(page.len()).is_ok_and(|n| n == limit);
                 for start in page {
                     if self.is_due_start(&start) {
                         starts.insert(start);
