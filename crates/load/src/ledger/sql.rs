@@ -82,6 +82,33 @@ impl Dialect {
         }
     }
 
+    /// The `_tm_runs` rows (as `r`, with `columns`) of the run keys in the
+    /// JSON array parameter `keys` (`[source, period start]` each) of
+    /// pipeline `pipeline` and export type `export_type` (parameters): a
+    /// `FROM` clause that looks every key up by the run key's unique index,
+    /// whatever the planner knows. Left to choose, both databases scanned
+    /// every row of the pipeline once per key or per statement when the
+    /// ledger had grown since its statistics (a page of 10,000 keys against
+    /// a million rows: minutes). SQLite keeps a `CROSS JOIN`'s left side as
+    /// the outer loop; PostgreSQL runs a `LATERAL` subquery kept apart by
+    /// `OFFSET 0` once per key.
+    fn rows_of_keys(self, keys: &str, pipeline: &str, export_type: &str, columns: &str) -> String {
+        match self {
+            Dialect::Postgres => format!(
+                "jsonb_array_elements({keys}::jsonb) AS k(value)
+                 CROSS JOIN LATERAL (SELECT {columns} FROM _tm_runs
+                     WHERE pipeline = {pipeline} AND export_type = {export_type}
+                       AND source = (k.value->>0) AND period_start = (k.value->>1) OFFSET 0) AS r"
+            ),
+            Dialect::Sqlite => format!(
+                "json_each({keys}) AS k CROSS JOIN _tm_runs AS r
+                   ON r.pipeline = {pipeline} AND r.export_type = {export_type}
+                  AND r.source = json_extract(k.value, '$[0]')
+                  AND r.period_start = json_extract(k.value, '$[1]')"
+            ),
+        }
+    }
+
     /// The elements of a JSON array parameter as rows, each named `k.value`.
     fn json_rows(self, param: &str) -> String {
         match self {
@@ -258,20 +285,10 @@ impl Statements {
                 "SELECT {claim_columns} FROM _tm_runs WHERE {run_key}{}",
                 d.for_update()
             ),
-            // CROSS JOIN: SQLite then walks the keys and looks each up by
-            // the run key's unique index; left to choose, it scanned every
-            // row of the pipeline once per key (a page of 10,000 keys
-            // against a million rows never finished). PostgreSQL plans a
-            // CROSS JOIN with conditions as any join.
             key_rows: format!(
-                "SELECT _tm_runs.*, CAST(CASE WHEN lease_expires_at > {now} THEN 1 ELSE 0 END AS BIGINT) AS lease_live
-                 FROM (SELECT {} AS key_source, {} AS key_start FROM {}) AS keys
-                 CROSS JOIN _tm_runs
-                 WHERE _tm_runs.pipeline = $1 AND _tm_runs.export_type = $2
-                   AND _tm_runs.source = keys.key_source AND _tm_runs.period_start = keys.key_start",
-                d.json_element(0),
-                d.json_element(1),
-                d.json_rows("$3"),
+                "SELECT r.*, CAST(CASE WHEN r.lease_expires_at > {now} THEN 1 ELSE 0 END AS BIGINT) AS lease_live
+                 FROM {}",
+                d.rows_of_keys("$3", "$1", "$2", "*"),
             ),
             done_starts: format!(
                 "SELECT period_start FROM _tm_runs
@@ -481,11 +498,10 @@ impl Statements {
     /// checkpoint). `$1` pipeline, `$2` export type, `$3` priority, `$4`
     /// enqueued by, `$5` the scheduler's clock (a failed key waits for its
     /// `not_before`) or NULL (an operator: at once), `$6` the keys as a
-    /// JSON array of `[source, period start]`. The keys are a subquery of
-    /// `IN`, not a joined table: SQLite then looks each key up by the run
-    /// key's index, where an `UPDATE ... FROM` scanned every row of the
-    /// pipeline once per key (re-queuing 10,000 keys in a ledger of a
-    /// million did not finish).
+    /// JSON array of `[source, period start]`, looked up one by one by
+    /// index ([`Dialect::rows_of_keys`]: an `UPDATE ... FROM` scanned every
+    /// row of the pipeline once per key on SQLite, and per statement on
+    /// PostgreSQL with stale statistics).
     pub(crate) fn requeue(&self, states: &[RunStatus]) -> String {
         let d = self.dialect;
         let now = d.now();
@@ -493,15 +509,12 @@ impl Statements {
         format!(
             "UPDATE _tm_runs SET status = '{}', priority = $3, enqueued_at = {now}, enqueued_by = $4,
                     queue_rank = {}, checkpoint = NULL, not_before = NULL, updated_at = {now}
-             WHERE _tm_runs.pipeline = $1 AND _tm_runs.export_type = $2
-               AND (_tm_runs.source, _tm_runs.period_start) IN (SELECT {}, {} FROM {})
+             WHERE _tm_runs.id IN (SELECT r.id FROM {})
                AND _tm_runs.status IN ({})
                AND ($5 IS NULL OR _tm_runs.not_before IS NULL OR _tm_runs.not_before <= {})",
             RunStatus::Pending.as_str(),
             d.now_minus_minutes("$3"),
-            d.json_element(0),
-            d.json_element(1),
-            d.json_rows("$6"),
+            d.rows_of_keys("$6", "$1", "$2", "id"),
             states.join(", "),
             d.time_param("$5"),
         )
