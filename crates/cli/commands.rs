@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
-use tidemark_load::{Enqueue, EnqueuedBy, RunStatus, Store, WorkerId};
+use tidemark_load::{EnqueuedBy, RunStatus, Store, WorkerId};
 
 use crate::cli::{
     BackfillArgs, CancelArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, SyncArgs,
@@ -549,51 +549,19 @@ async fn enqueue(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
     Ok(Exit::Success)
 }
 
-/// Queues what `plan` plans, a page at a time: keys it claims as usual go
-/// in fresh (new, or again if failed or cancelled); keys it forces
-/// (`--force`, `--only all`, `--only stale`) go in even when done. Each
-/// page is one transaction of at most [`plan::PAGE_KEYS`] keys, committed
-/// as it is planned (ADR 0014): workers start on the first page at once,
-/// and a failure leaves the pages before it queued, which the same command
-/// run again completes (queuing is idempotent). Returns (queued, keys
-/// planned).
+/// Queues what `plan` plans ([`plan::enqueue_plan`]): keys it claims as
+/// usual go in fresh (new, or again if failed or cancelled); keys it forces
+/// (`--force`, `--only all`, `--only stale`) go in even when done. Returns
+/// (queued, keys planned).
 async fn queue_plan(store: &Store, mut plan: Planner, priority: i64) -> Result<(u64, u64), Error> {
-    let pipeline = Arc::clone(plan.pipeline());
-    let mut queued = 0;
-    let mut considered = 0;
-    let result = async {
-        while let Some(page) = plan.next_page().await? {
-            let (fresh, forced) = plan::queue_keys(&page);
-            considered += (fresh.len() + forced.len()) as u64;
-            for (keys, requeue) in [
-                (&fresh, &[RunStatus::Failed, RunStatus::Cancelled][..]),
-                (
-                    &forced,
-                    &[RunStatus::Done, RunStatus::Failed, RunStatus::Cancelled][..],
-                ),
-            ] {
-                if keys.is_empty() {
-                    continue;
-                }
-                let batch = Enqueue {
-                    pipeline: &pipeline.spec.name,
-                    export_type: &pipeline.spec.export_type,
-                    keys,
-                    priority,
-                    by: EnqueuedBy::Backfill,
-                    requeue,
-                    due_at: None,
-                };
-                queued +=
-                    crate::engine::retry(&pipeline.retry, "queue keys", || store.enqueue(&batch))
-                        .await?;
-            }
-        }
-        Ok::<_, Error>(())
-    }
-    .await;
-    store.enqueued(queued).await;
-    result.map(|()| (queued, considered))
+    let how = plan::QueueAs {
+        priority,
+        by: EnqueuedBy::Backfill,
+        fresh_from: &[RunStatus::Failed, RunStatus::Cancelled],
+        forced_from: &[RunStatus::Done, RunStatus::Failed, RunStatus::Cancelled],
+        due_at: None,
+    };
+    plan::enqueue_plan(store, &mut plan, &how, |_| {}).await
 }
 
 /// `cancel`: pending keys leave the queue; running ones finish.

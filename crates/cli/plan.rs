@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use tidemark_core::{Error, Period, Pipeline, RunKey};
-use tidemark_load::{KeyRef, KeyRow, LedgerEntry, QueueKey, RunStatus, Store};
+use tidemark_load::{Enqueue, EnqueuedBy, KeyRef, KeyRow, LedgerEntry, QueueKey, RunStatus, Store};
 
 use crate::cli::Only;
 
@@ -125,6 +125,64 @@ pub fn queue_keys(planned: &[Planned]) -> (Vec<QueueKey>, Vec<QueueKey>) {
         }
     }
     (fresh, forced)
+}
+
+/// How a plan's keys enter the queue.
+pub struct QueueAs {
+    pub priority: i64,
+    pub by: EnqueuedBy,
+    /// States from which a key the plan claims as usual is queued again.
+    pub fresh_from: &'static [RunStatus],
+    /// States from which a key the plan forces is queued again.
+    pub forced_from: &'static [RunStatus],
+    /// The scheduler's clock (see [`Enqueue::due_at`]).
+    pub due_at: Option<DateTime<Utc>>,
+}
+
+/// Queues what `plan` plans, a page at a time, each page in its own
+/// transaction as it is planned (ADR 0014): a failure leaves the pages
+/// before it queued, and the same command run again queues the rest
+/// (queuing is idempotent). `on_page` hears how many keys each page newly
+/// queued. Returns (queued, keys the plan would claim); the statistics are
+/// refreshed once at the end, even after a failure.
+pub async fn enqueue_plan(
+    store: &Store,
+    plan: &mut Planner,
+    how: &QueueAs,
+    mut on_page: impl FnMut(u64),
+) -> Result<(u64, u64), Error> {
+    let pipeline = Arc::clone(plan.pipeline());
+    let (mut queued, mut considered) = (0, 0);
+    let result = async {
+        while let Some(page) = plan.next_page().await? {
+            let (fresh, forced) = queue_keys(&page);
+            considered += (fresh.len() + forced.len()) as u64;
+            let mut page_queued = 0;
+            for (keys, requeue) in [(&fresh, how.fresh_from), (&forced, how.forced_from)] {
+                if keys.is_empty() {
+                    continue;
+                }
+                let batch = Enqueue {
+                    pipeline: &pipeline.spec.name,
+                    export_type: &pipeline.spec.export_type,
+                    keys,
+                    priority: how.priority,
+                    by: how.by,
+                    requeue,
+                    due_at: how.due_at,
+                };
+                page_queued +=
+                    crate::engine::retry(&pipeline.retry, "queue keys", || store.enqueue(&batch))
+                        .await?;
+            }
+            queued += page_queued;
+            on_page(page_queued);
+        }
+        Ok::<_, Error>(())
+    }
+    .await;
+    store.enqueued(queued).await;
+    result.map(|()| (queued, considered))
 }
 
 /// `run`/`backfill` refuse a period that is still open (its end plus `lag`

@@ -25,14 +25,14 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tidemark_core::{Error, Period, Pipeline, RunKey};
 use tidemark_load::{
-    ClaimRequest, Enqueue, EnqueuedBy, QueuePipeline, QueuedRun, RunStatus, Store, WorkerId,
+    ClaimRequest, EnqueuedBy, QueuePipeline, QueuedRun, RunStatus, Store, WorkerId,
 };
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::cli::{Global, ServeArgs};
 use crate::commands::{load_runnable, pipeline_files, worker};
-use crate::engine::{retry, Context, Job, Outcome, RunFlags};
+use crate::engine::{Context, Job, Outcome, RunFlags};
 use crate::exit::Exit;
 use crate::plan::{self, Ask, Planner};
 
@@ -469,45 +469,27 @@ async fn queue_due(
         now,
         false,
     )?;
-    let mut queued = 0;
-    let result = async {
-        while let Some(page) = plan.next_page().await? {
-            let (fresh, again) = plan::queue_keys(&page);
-            let mut page_queued = 0;
-            for (keys, requeue) in [
-                (&fresh, &[RunStatus::Failed][..]),
-                (&again, &[RunStatus::Done][..]),
-            ] {
-                if keys.is_empty() {
-                    continue;
-                }
-                let batch = Enqueue {
-                    pipeline: &pipeline.spec.name,
-                    export_type: &pipeline.spec.export_type,
-                    keys,
-                    priority: SCHEDULE_PRIORITY,
-                    by: EnqueuedBy::Schedule,
-                    requeue,
-                    due_at: Some(now),
-                };
-                page_queued +=
-                    retry(&pipeline.retry, "queue due keys", || store.enqueue(&batch)).await?;
-            }
-            if page_queued > 0 {
-                queued += page_queued;
-                shared.wake.notify_waiters();
-            }
+    let how = plan::QueueAs {
+        priority: SCHEDULE_PRIORITY,
+        by: EnqueuedBy::Schedule,
+        fresh_from: &[RunStatus::Failed],
+        forced_from: &[RunStatus::Done],
+        due_at: Some(now),
+    };
+    // Workers start on each page as it is queued.
+    let result = plan::enqueue_plan(store, &mut plan, &how, |page_queued| {
+        if page_queued > 0 {
+            shared.wake.notify_waiters();
         }
-        Ok::<_, Error>(())
-    }
+    })
     .await;
-    store.enqueued(queued).await;
+    let queued = result.as_ref().map_or(0, |(queued, _)| *queued);
     if queued > 0 {
         tracing::info!(pipeline = %pipeline.spec.name, queued, "queued due periods");
     } else if result.is_ok() {
         tracing::debug!(pipeline = %pipeline.spec.name, "nothing due");
     }
-    result
+    result.map(|_| ())
 }
 
 // ---------------------------------------------------------------------------
