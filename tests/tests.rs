@@ -13,6 +13,7 @@ mod hardening_config;
 mod hardening_drift;
 mod hardening_extract;
 mod hardening_periods;
+mod hardening_planning;
 mod hardening_queue;
 mod http;
 mod memory_budget;

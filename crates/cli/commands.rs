@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tidemark_core::{Error, ErrorClass, Period, Pipeline, RawRecord, RunKey};
-use tidemark_load::{Enqueue, EnqueuedBy, RunStatus, Store, WorkerId};
+use tidemark_load::{EnqueuedBy, RunStatus, Store, WorkerId};
 
 use crate::cli::{
     BackfillArgs, CancelArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, SyncArgs,
@@ -15,7 +15,7 @@ use crate::dry_run::{self, Target};
 use crate::engine::{Context, Job, Outcome, RunFlags};
 use crate::exit::Exit;
 use crate::output;
-use crate::plan::{self, Ask, Intent, Planned};
+use crate::plan::{self, Ask, Intent, PeriodRange, Planned, Planner};
 use crate::prepare::ABSENT_NOTE;
 use crate::shutdown;
 
@@ -155,7 +155,7 @@ pub(crate) fn flags_of(planned: &Planned, options: &RunOptions, wait: bool) -> R
     }
 }
 
-/// The jobs of a plan: one per run key it claims.
+/// The jobs of a page of a plan: one per run key it claims.
 fn jobs(
     store: &Store,
     pipeline: &Arc<Pipeline>,
@@ -178,14 +178,61 @@ fn jobs(
         .collect()
 }
 
+/// How far a streamed plan got: the keys it planned, the jobs it made of
+/// them, and the ledger read that stopped it, if one did.
+#[derive(Default)]
+struct Fed {
+    keys: usize,
+    jobs: usize,
+    error: Option<Error>,
+}
+
+/// The jobs of `planners`' plans (one after the other), a page at a time as
+/// the runs take them: a backfill or `sync` of a million periods holds a
+/// page of jobs, not a million (ADR 0014). A page whose ledger read fails
+/// (after the retries) ends the stream; `fed` keeps the error.
+fn job_pages<'a>(
+    store: &'a Store,
+    planners: Vec<Planner>,
+    options: &'a RunOptions,
+    wait: bool,
+    fed: &'a std::sync::Mutex<Fed>,
+) -> impl futures_util::Stream<Item = Vec<Job>> + 'a {
+    let planners: std::collections::VecDeque<Planner> = planners.into();
+    futures_util::stream::unfold(planners, move |mut planners| async move {
+        loop {
+            let planner = planners.front_mut()?;
+            match planner.next_page().await {
+                Ok(Some(page)) => {
+                    let jobs = jobs(store, planner.pipeline(), &page, options, wait);
+                    if let Ok(mut fed) = fed.lock() {
+                        fed.keys += page.len();
+                        fed.jobs += jobs.len();
+                    }
+                    return Some((jobs, planners));
+                }
+                Ok(None) => {
+                    planners.pop_front();
+                }
+                Err(e) => {
+                    if let Ok(mut fed) = fed.lock() {
+                        fed.error = Some(e);
+                    }
+                    return None;
+                }
+            }
+        }
+    })
+}
+
 async fn run(global: &Global, args: RunArgs, ctx: &Context) -> Result<Exit, Error> {
     let pipeline = Arc::new(load_for(global, &args.pipeline, args.dry_run)?);
-    let period = pipeline.period(&args.period)?;
+    let period = PeriodRange::one(pipeline.period(&args.period)?);
     let sources = source_ids(&pipeline, args.options.source.as_deref())?;
     let now = crate::clock::now()?;
-    plan::refuse_open(&pipeline, &[period], "--period", now, args.allow_open)?;
+    plan::refuse_open(&pipeline, period, "--period", now, args.allow_open)?;
     let ask = Ask::Periods {
-        periods: vec![period],
+        range: period,
         only: None,
         force: args.options.force,
     };
@@ -195,10 +242,26 @@ async fn run(global: &Global, args: RunArgs, ctx: &Context) -> Result<Exit, Erro
             sources,
             ask,
         };
-        return dry_run::show(global, &[target], &args.options, now).await;
+        return dry_run::show(global, vec![target], &args.options, now).await;
     }
     let store = Store::connect(&global.database_url).await?;
-    let planned = plan::plan(Some(&store), &pipeline, &sources, &ask, now).await;
+    // One period: its plan is one page.
+    let planned = async {
+        let mut planner = Planner::new(
+            Some(store.clone()),
+            Arc::clone(&pipeline),
+            sources,
+            ask,
+            now,
+            false,
+        )?;
+        let mut planned = Vec::new();
+        while let Some(page) = planner.next_page().await? {
+            planned.extend(page);
+        }
+        Ok::<_, Error>(planned)
+    }
+    .await;
     let mut exits = Vec::new();
     let planned = match planned {
         Ok(planned) => planned,
@@ -219,9 +282,11 @@ async fn run(global: &Global, args: RunArgs, ctx: &Context) -> Result<Exit, Erro
 
 /// Runs jobs `concurrency` at a time (with a progress bar when `progress`
 /// and stderr is a terminal), handing each outcome to `each` as its run
-/// finishes instead of keeping them all: a backfill's summary streams.
+/// finishes instead of keeping them all: a backfill's summary streams. The
+/// jobs come a page at a time (see [`job_pages`]): the next page is planned
+/// when the runs need it.
 pub async fn run_jobs(
-    jobs: Vec<Job>,
+    pages: impl futures_util::Stream<Item = Vec<Job>>,
     concurrency: usize,
     progress: bool,
     ctx: &Context,
@@ -230,7 +295,7 @@ pub async fn run_jobs(
     use futures_util::StreamExt;
 
     let progress = if progress {
-        output::progress_bar(jobs.len() as u64, "run keys")
+        output::progress_bar(0, "run keys")
     } else {
         indicatif::ProgressBar::hidden()
     };
@@ -239,7 +304,12 @@ pub async fn run_jobs(
     // the same way (or wait on locks), and nothing is gained by trying.
     let stopped: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
     let stopped = &stopped;
-    let mut outcomes = futures_util::stream::iter(jobs)
+    let bar = progress.clone();
+    let jobs = pages.flat_map(move |page| {
+        bar.inc_length(page.len() as u64);
+        futures_util::stream::iter(page)
+    });
+    let outcomes = jobs
         .map(|job| {
             let progress = progress.clone();
             async move {
@@ -261,6 +331,7 @@ pub async fn run_jobs(
             }
         })
         .buffer_unordered(concurrency.max(1));
+    let mut outcomes = std::pin::pin!(outcomes);
     while let Some((key, outcome)) = outcomes.next().await {
         progress.suspend(|| each(key, outcome));
     }
@@ -268,19 +339,19 @@ pub async fn run_jobs(
 }
 
 /// The periods `--from` to `--to` name, both included.
-fn backfill_periods(pipeline: &Pipeline, args: &BackfillArgs) -> Result<Vec<Period>, Error> {
+fn backfill_periods(pipeline: &Pipeline, args: &BackfillArgs) -> Result<PeriodRange, Error> {
     let (from, to) = pipeline.period_range(&args.from, &args.to)?;
-    Ok(Period::range_inclusive(from, to).collect())
+    Ok(PeriodRange { from, to })
 }
 
 async fn backfill(global: &Global, args: BackfillArgs, ctx: &Context) -> Result<Exit, Error> {
     let pipeline = Arc::new(load_for(global, &args.pipeline, args.dry_run)?);
-    let periods = backfill_periods(&pipeline, &args)?;
+    let range = backfill_periods(&pipeline, &args)?;
     let sources = source_ids(&pipeline, args.options.source.as_deref())?;
     let now = crate::clock::now()?;
-    plan::refuse_open(&pipeline, &periods, "--to", now, args.allow_open)?;
+    plan::refuse_open(&pipeline, range, "--to", now, args.allow_open)?;
     let ask = Ask::Periods {
-        periods,
+        range,
         only: args.only,
         force: args.options.force,
     };
@@ -290,30 +361,28 @@ async fn backfill(global: &Global, args: BackfillArgs, ctx: &Context) -> Result<
             sources,
             ask,
         };
-        return dry_run::show(global, &[target], &args.options, now).await;
+        return dry_run::show(global, vec![target], &args.options, now).await;
     }
     let store = Store::connect(&global.database_url).await?;
-    let planned = match plan::plan(Some(&store), &pipeline, &sources, &ask, now).await {
-        Ok(planned) => planned,
-        Err(e) => {
-            store.close().await;
-            return Err(e);
-        }
-    };
-    let jobs = jobs(&store, &pipeline, &planned, &args.options, false);
-    let left = planned.len() - jobs.len();
-    drop(planned);
+    let planner = Planner::new(Some(store.clone()), pipeline, sources, ask, now, false)?;
     let concurrency = crate::cli::concurrency(args.concurrency, &global.database_url);
     let mut summary = output::Summary::default();
-    run_jobs(jobs, concurrency, true, ctx, |key, outcome| {
+    let fed = std::sync::Mutex::new(Fed::default());
+    let pages = job_pages(&store, vec![planner], &args.options, false, &fed);
+    run_jobs(pages, concurrency, true, ctx, |key, outcome| {
         summary.add(&key, &outcome);
     })
     .await;
     store.close().await;
+    let fed = fed.into_inner().unwrap_or_default();
     let exit = summary.finish();
+    if let Some(error) = fed.error {
+        return Err(error);
+    }
     if let Some(only) = args.only {
         say!(
-            "{left} run key(s) of the range left alone (not {})",
+            "{} run key(s) of the range left alone (not {})",
+            fed.keys - fed.jobs,
             only.name()
         );
     }
@@ -346,23 +415,6 @@ pub fn pipeline_files(dir: &std::path::Path) -> Result<Vec<PathBuf>, Error> {
     Ok(paths)
 }
 
-/// The jobs `sync` runs for one pipeline at `now`: due periods not done
-/// yet, plus forced re-runs of the last `lookback` done ones and of
-/// provisional ones now due (see [`plan`]).
-pub async fn sync_jobs(
-    store: &Store,
-    pipeline: &Arc<Pipeline>,
-    options: &RunOptions,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Result<Vec<Job>, Error> {
-    let sources = source_ids(pipeline, options.source.as_deref())?;
-    let ask = Ask::Sync {
-        force: options.force,
-    };
-    let planned = plan::plan(Some(store), pipeline, &sources, &ask, now).await?;
-    Ok(jobs(store, pipeline, &planned, options, false))
-}
-
 async fn sync(global: &Global, args: SyncArgs, ctx: &Context) -> Result<Exit, Error> {
     let pipelines = if args.all {
         pipelines_in_folder(global, args.dry_run)?
@@ -383,45 +435,67 @@ async fn sync(global: &Global, args: SyncArgs, ctx: &Context) -> Result<Exit, Er
         source_ids(pipeline, args.options.source.as_deref())?;
     }
     let now = crate::clock::now()?;
-    if args.dry_run {
-        let targets = pipelines
-            .into_iter()
-            .map(|pipeline| {
-                Ok(Target {
-                    sources: source_ids(&pipeline, args.options.source.as_deref())?,
-                    pipeline: Arc::new(pipeline),
-                    ask: Ask::Sync {
-                        force: args.options.force,
-                    },
-                })
+    let ask = Ask::Sync {
+        force: args.options.force,
+    };
+    let targets = pipelines
+        .into_iter()
+        .map(|pipeline| {
+            Ok(Target {
+                sources: source_ids(&pipeline, args.options.source.as_deref())?,
+                pipeline: Arc::new(pipeline),
+                ask: ask.clone(),
             })
-            .collect::<Result<Vec<_>, Error>>()?;
-        return dry_run::show(global, &targets, &args.options, now).await;
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    if args.dry_run {
+        return dry_run::show(global, targets, &args.options, now).await;
     }
     let store = Store::connect(&global.database_url).await?;
-    let mut jobs = Vec::new();
-    for pipeline in pipelines {
-        match sync_jobs(&store, &Arc::new(pipeline), &args.options, now).await {
-            Ok(more) => jobs.extend(more),
-            Err(e) => {
-                store.close().await;
-                return Err(e);
-            }
+    // The due periods not done yet, plus forced re-runs of the last
+    // `lookback` done ones and of provisional ones now due (see `plan`).
+    let planners = targets
+        .into_iter()
+        .map(|t| {
+            Planner::new(
+                Some(store.clone()),
+                t.pipeline,
+                t.sources,
+                t.ask,
+                now,
+                false,
+            )
+        })
+        .collect::<Result<Vec<_>, Error>>();
+    let planners = match planners {
+        Ok(planners) => planners,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
         }
-    }
-    if jobs.is_empty() {
-        say!("nothing due: every period up to now is done");
-        store.close().await;
-        return Ok(Exit::Success);
-    }
+    };
     let concurrency = crate::cli::concurrency(args.concurrency, &global.database_url);
     let mut summary = output::Summary::default();
-    run_jobs(jobs, concurrency, true, ctx, |key, outcome| {
+    let fed = std::sync::Mutex::new(Fed::default());
+    let pages = job_pages(&store, planners, &args.options, false, &fed);
+    run_jobs(pages, concurrency, true, ctx, |key, outcome| {
         summary.add(&key, &outcome);
     })
     .await;
     store.close().await;
-    Ok(summary.finish())
+    let fed = fed.into_inner().unwrap_or_default();
+    if fed.jobs == 0 {
+        if let Some(error) = fed.error {
+            return Err(error);
+        }
+        say!("nothing due: every period up to now is done");
+        return Ok(Exit::Success);
+    }
+    let exit = summary.finish();
+    match fed.error {
+        Some(error) => Err(error),
+        None => Ok(exit),
+    }
 }
 
 /// `backfill --enqueue`: the keys the backfill would take (its plan: the
@@ -443,19 +517,30 @@ async fn enqueue(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
         ));
     }
     // Whoever works the queue needs the source's secrets; queuing does not.
-    let pipeline = load_pipeline(global, &args.pipeline)?;
-    let periods = backfill_periods(&pipeline, &args)?;
+    let pipeline = Arc::new(load_pipeline(global, &args.pipeline)?);
+    let range = backfill_periods(&pipeline, &args)?;
     let sources = source_ids(&pipeline, args.options.source.as_deref())?;
     let now = crate::clock::now()?;
     // A worker runs a queued key as due: an open period is not queued.
-    plan::refuse_open(&pipeline, &periods, "--to", now, false)?;
+    plan::refuse_open(&pipeline, range, "--to", now, false)?;
     let ask = Ask::Periods {
-        periods,
+        range,
         only: args.only,
         force: args.options.force,
     };
     let store = Store::connect(&global.database_url).await?;
-    let queued = queue_plan(&store, &pipeline, &sources, &ask, now, args.priority).await;
+    let plan = Planner::new(
+        Some(store.clone()),
+        Arc::clone(&pipeline),
+        sources,
+        ask,
+        now,
+        false,
+    );
+    let queued = match plan {
+        Ok(plan) => queue_plan(&store, plan, args.priority).await,
+        Err(e) => Err(e),
+    };
     store.close().await;
     let (queued, considered) = queued?;
     say!(
@@ -468,43 +553,19 @@ async fn enqueue(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
     Ok(Exit::Success)
 }
 
-/// Queues what `ask` plans: keys it claims as usual go in fresh (new, or
-/// again if failed or cancelled); keys it forces (`--force`, `--only all`,
-/// `--only stale`) go in even when done. Returns (queued, keys planned).
-async fn queue_plan(
-    store: &Store,
-    pipeline: &Pipeline,
-    sources: &[String],
-    ask: &Ask,
-    now: chrono::DateTime<chrono::Utc>,
-    priority: i64,
-) -> Result<(u64, u64), Error> {
-    let planned = plan::plan(Some(store), pipeline, sources, ask, now).await?;
-    let (fresh, forced) = plan::queue_keys(&planned);
-    let mut queued = 0;
-    for (keys, requeue) in [
-        (&fresh, &[RunStatus::Failed, RunStatus::Cancelled][..]),
-        (
-            &forced,
-            &[RunStatus::Done, RunStatus::Failed, RunStatus::Cancelled][..],
-        ),
-    ] {
-        if keys.is_empty() {
-            continue;
-        }
-        let batch = Enqueue {
-            pipeline: &pipeline.spec.name,
-            export_type: &pipeline.spec.export_type,
-            keys,
-            priority,
-            by: EnqueuedBy::Backfill,
-            requeue,
-            respect_backoff: false,
-        };
-        queued +=
-            crate::engine::retry(&pipeline.retry, "queue keys", || store.enqueue(&batch)).await?;
-    }
-    Ok((queued, (fresh.len() + forced.len()) as u64))
+/// Queues what `plan` plans ([`plan::enqueue_plan`]): keys it claims as
+/// usual go in fresh (new, or again if failed or cancelled); keys it forces
+/// (`--force`, `--only all`, `--only stale`) go in even when done. Returns
+/// (queued, keys planned).
+async fn queue_plan(store: &Store, mut plan: Planner, priority: i64) -> Result<(u64, u64), Error> {
+    let how = plan::QueueAs {
+        priority,
+        by: EnqueuedBy::Backfill,
+        fresh_from: &[RunStatus::Failed, RunStatus::Cancelled],
+        forced_from: &[RunStatus::Done, RunStatus::Failed, RunStatus::Cancelled],
+        respect_backoff: false,
+    };
+    plan::enqueue_plan(store, &mut plan, &how, |_| {}).await
 }
 
 /// `cancel`: pending keys leave the queue; running ones finish.

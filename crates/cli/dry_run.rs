@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use tidemark_core::{Error, Pipeline, RunKey};
-use tidemark_load::{ClaimRequest, Preview, RunStatus, Store};
+use tidemark_load::{Preview, RunStatus, Store};
 
 use crate::cli::{Global, LogFormat, RunOptions};
 use crate::commands::{flags_of, worker};
 use crate::engine::claim_request;
 use crate::exit::Exit;
-use crate::plan::{self, Ask, Forced, Intent};
+use crate::plan::{Ask, Forced, Intent, Planned, Planner};
 
 /// One pipeline's part of a command.
 pub struct Target {
@@ -38,72 +38,72 @@ pub struct DryLine {
 }
 
 /// Prints the dry run of `targets` at `now`; exit 0 whatever it finds.
+/// Lines are printed a page of the plan at a time, so a dry run of a
+/// million periods holds one page (ADR 0014); a ledger read that still
+/// fails after the retries ends it with the error, after the lines of the
+/// pages before.
 pub async fn show(
     global: &Global,
-    targets: &[Target],
+    targets: Vec<Target>,
     options: &RunOptions,
     now: DateTime<Utc>,
 ) -> Result<Exit, Error> {
     let store = Store::open_read_only(&global.database_url).await?;
-    let lines = lines(store.as_ref(), targets, options, now).await;
+    let mut printer = Printer::new(targets.len() > 1, global.log_format);
+    let shown = print_plans(store.as_ref(), targets, options, now, &mut printer).await;
     if let Some(store) = &store {
         store.close().await;
     }
-    let lines = lines?;
-    print(&lines, targets.len() > 1, global.log_format);
+    shown?;
+    printer.finish();
     Ok(Exit::Success)
 }
 
-async fn lines(
+async fn print_plans(
     store: Option<&Store>,
-    targets: &[Target],
+    targets: Vec<Target>,
     options: &RunOptions,
     now: DateTime<Utc>,
-) -> Result<Vec<DryLine>, Error> {
-    let worker = worker();
-    // A dry run takes no lease; the claim rules only read its length.
-    let lease_ttl = std::time::Duration::from_secs(30);
-    let mut lines = Vec::new();
+    printer: &mut Printer,
+) -> Result<(), Error> {
     for target in targets {
-        let pipeline = &target.pipeline;
-        let planned = plan::plan(store, pipeline, &target.sources, &target.ask, now).await?;
-        let claims: Vec<(RunKey, ClaimRequest)> = planned
-            .iter()
-            .filter(|p| matches!(p.intent, Intent::Claim(_)))
-            .map(|p| {
-                let flags = flags_of(p, options, false);
-                (
-                    p.key.clone(),
-                    claim_request(pipeline, &flags, &worker, lease_ttl),
-                )
-            })
-            .collect();
-        let previews = match store {
-            None => vec![Preview::New; claims.len()],
-            Some(store) => {
-                crate::engine::retry(&pipeline.retry, "read the ledger", || {
-                    store.preview_claims(&pipeline.spec.name, &pipeline.spec.export_type, &claims)
-                })
-                .await?
+        let mut planner = Planner::new(
+            store.cloned(),
+            target.pipeline,
+            target.sources,
+            target.ask,
+            now,
+            true,
+        )?;
+        while let Some(page) = planner.next_page().await? {
+            for planned in page {
+                printer.line(&line(planner.pipeline(), planned, options));
             }
-        };
-        let mut previews = previews.into_iter();
-        for p in planned {
-            let (action, reason) = match &p.intent {
-                Intent::Leave(why) => ("skip", why.clone()),
-                Intent::Claim(forced) => match previews.next() {
-                    Some(preview) => describe(&preview, forced.as_ref()),
-                    None => ("run", "new".to_string()),
-                },
-            };
-            lines.push(DryLine {
-                key: p.key,
-                action,
-                reason,
-            });
         }
     }
-    Ok(lines)
+    Ok(())
+}
+
+/// What the command would do with one planned key: the plan's reason to
+/// leave it, or the claim rules' answer for its ledger row as read.
+fn line(pipeline: &Pipeline, planned: Planned, options: &RunOptions) -> DryLine {
+    // A dry run takes no lease; the claim rules only read its length.
+    let lease_ttl = std::time::Duration::from_secs(30);
+    let (action, reason) = match &planned.intent {
+        Intent::Leave(why) => ("skip", why.clone()),
+        Intent::Claim(forced) => {
+            let preview = planned.row.as_ref().map_or(Preview::New, |row| {
+                let flags = flags_of(&planned, options, false);
+                row.preview(&claim_request(pipeline, &flags, &worker(), lease_ttl))
+            });
+            describe(&preview, forced.as_ref())
+        }
+    };
+    DryLine {
+        key: planned.key,
+        action,
+        reason,
+    }
 }
 
 /// The action and reason of a claim the ledger would answer with `preview`.
@@ -142,11 +142,38 @@ fn forced_reason(forced: &Forced) -> String {
     }
 }
 
-fn print(lines: &[DryLine], several_pipelines: bool, format: LogFormat) {
-    let mut pipeline: Option<&str> = None;
-    for line in lines {
+/// The actions of the contract, in the summary's order.
+const ACTIONS: [&str; 5] = ["run", "resume", "re-run", "skip", "held"];
+
+/// Prints dry-run lines as they come and counts them for the summary.
+struct Printer {
+    several_pipelines: bool,
+    format: LogFormat,
+    /// The pipeline whose header was printed last.
+    pipeline: Option<String>,
+    /// Lines per action of [`ACTIONS`].
+    tally: [usize; ACTIONS.len()],
+    lines: usize,
+}
+
+impl Printer {
+    fn new(several_pipelines: bool, format: LogFormat) -> Printer {
+        Printer {
+            several_pipelines,
+            format,
+            pipeline: None,
+            tally: [0; ACTIONS.len()],
+            lines: 0,
+        }
+    }
+
+    fn line(&mut self, line: &DryLine) {
+        self.lines += 1;
+        if let Some(i) = ACTIONS.iter().position(|a| *a == line.action) {
+            self.tally[i] += 1;
+        }
         let key = &line.key;
-        match format {
+        match self.format {
             LogFormat::Json => say!(
                 "{}",
                 serde_json::json!({
@@ -159,9 +186,9 @@ fn print(lines: &[DryLine], several_pipelines: bool, format: LogFormat) {
                 })
             ),
             LogFormat::Text => {
-                if several_pipelines && pipeline != Some(key.pipeline.as_str()) {
+                if self.several_pipelines && self.pipeline.as_deref() != Some(&key.pipeline) {
                     say!("pipeline {}:", key.pipeline);
-                    pipeline = Some(&key.pipeline);
+                    self.pipeline = Some(key.pipeline.clone());
                 }
                 say!(
                     "{} {} {}: {}",
@@ -173,22 +200,28 @@ fn print(lines: &[DryLine], several_pipelines: bool, format: LogFormat) {
             }
         }
     }
-    let tally = |action: &str| lines.iter().filter(|l| l.action == action).count();
-    let actions = ["run", "resume", "re-run", "skip", "held"];
-    match format {
-        LogFormat::Json => {
-            let mut summary = serde_json::Map::new();
-            summary.insert("run_keys".into(), lines.len().into());
-            for action in actions {
-                summary.insert(action.into(), tally(action).into());
+
+    fn finish(self) {
+        match self.format {
+            LogFormat::Json => {
+                let mut summary = serde_json::Map::new();
+                summary.insert("run_keys".into(), self.lines.into());
+                for (action, n) in ACTIONS.iter().zip(self.tally) {
+                    summary.insert((*action).into(), n.into());
+                }
+                say!("{}", serde_json::json!({ "dry_run_summary": summary }));
             }
-            say!("{}", serde_json::json!({ "dry_run_summary": summary }));
+            LogFormat::Text => say!(
+                "dry run: {} run key(s): {}; nothing was read or written",
+                self.lines,
+                ACTIONS
+                    .iter()
+                    .zip(self.tally)
+                    .map(|(a, n)| format!("{n} {a}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         }
-        LogFormat::Text => say!(
-            "dry run: {} run key(s): {}; nothing was read or written",
-            lines.len(),
-            actions.map(|a| format!("{} {a}", tally(a))).join(", ")
-        ),
     }
 }
 

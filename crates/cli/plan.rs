@@ -1,16 +1,52 @@
 //! Which run keys a command takes up, and how: the open-period rule, the
 //! selection of `backfill --only`, and `sync`'s due periods with their
 //! forced re-runs (lookback, provisional). Decided here once, for the real
-//! commands and their dry runs alike; what a claim then does with a key is
-//! the ledger's claim rules, which a dry run previews with the same code.
+//! commands, the scheduler and their dry runs alike; what a claim then does
+//! with a key is the ledger's claim rules, which a dry run previews with
+//! the same code.
+//!
+//! A plan streams ([`Planner`]): the periods are walked, and a page of at
+//! most [`PAGE_KEYS`] run keys is planned at a time, with the ledger rows of
+//! exactly those keys read for it (one indexed lookup each). However many
+//! periods a range or a `sync` spans (an hourly pipeline from 1900 has over
+//! a million), planning holds one page (ADR 0014).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use tidemark_core::{Error, Period, Pipeline, RunKey};
-use tidemark_load::{LedgerEntry, QueueKey, RunStatus, Store};
+use tidemark_load::{Enqueue, EnqueuedBy, KeyRef, KeyRow, LedgerEntry, QueueKey, RunStatus, Store};
 
 use crate::cli::Only;
+
+/// Run keys per page of a plan: what planning holds at once (the page's
+/// keys, their ledger rows, and the jobs or queued keys made of them), and
+/// the keys one enqueue transaction carries.
+pub const PAGE_KEYS: usize = tidemark_load::ENQUEUE_CHUNK;
+
+/// The periods `--from` to `--to` (or one `--period`) name, both included;
+/// walked, never collected.
+#[derive(Debug, Clone, Copy)]
+pub struct PeriodRange {
+    pub from: Period,
+    pub to: Period,
+}
+
+impl PeriodRange {
+    /// One period.
+    pub fn one(period: Period) -> PeriodRange {
+        PeriodRange {
+            from: period,
+            to: period,
+        }
+    }
+
+    /// Its periods, in order.
+    pub fn periods(&self) -> impl Iterator<Item = Period> {
+        Period::range_inclusive(self.from, self.to)
+    }
+}
 
 /// What a command asks for, before the ledger is consulted.
 #[derive(Debug, Clone)]
@@ -18,7 +54,7 @@ pub enum Ask {
     /// `run` (one period) or `backfill` (a range): every source's key of
     /// each period, narrowed by `--only`.
     Periods {
-        periods: Vec<Period>,
+        range: PeriodRange,
         only: Option<Only>,
         force: bool,
     },
@@ -66,11 +102,14 @@ pub struct Planned {
     /// Its period is still open (the run was allowed with `--allow-open`):
     /// a done run is recorded as provisional.
     pub provisional: bool,
+    /// Its ledger row as the plan read it (none: no row, or not read).
+    pub row: Option<KeyRow>,
 }
 
-/// The keys of a plan to put into the work queue: those to claim as usual
-/// (new, or back from failed or cancelled), and those to claim forced (done
-/// keys to run again). Keys the plan leaves alone are not queued.
+/// The keys of a plan's page to put into the work queue: those to claim
+/// as usual (new, or back from failed or cancelled), and those to claim
+/// forced (done keys to run again). Keys the plan leaves alone are not
+/// queued.
 pub fn queue_keys(planned: &[Planned]) -> (Vec<QueueKey>, Vec<QueueKey>) {
     let (mut fresh, mut forced) = (Vec::new(), Vec::new());
     for p in planned {
@@ -88,36 +127,94 @@ pub fn queue_keys(planned: &[Planned]) -> (Vec<QueueKey>, Vec<QueueKey>) {
     (fresh, forced)
 }
 
+/// How a plan's keys enter the queue.
+pub struct QueueAs {
+    pub priority: i64,
+    pub by: EnqueuedBy,
+    /// States from which a key the plan claims as usual is queued again.
+    pub fresh_from: &'static [RunStatus],
+    /// States from which a key the plan forces is queued again.
+    pub forced_from: &'static [RunStatus],
+    /// The scheduler: a failed key is queued again only once its back-off
+    /// has passed by the database's clock (see [`Enqueue::respect_backoff`]).
+    pub respect_backoff: bool,
+}
+
+/// Queues what `plan` plans, a page at a time, each page in its own
+/// transaction as it is planned (ADR 0014): a failure leaves the pages
+/// before it queued, and the same command run again queues the rest
+/// (queuing is idempotent). `on_page` hears how many keys each page newly
+/// queued. Returns (queued, keys the plan would claim); the statistics are
+/// refreshed once at the end, even after a failure.
+pub async fn enqueue_plan(
+    store: &Store,
+    plan: &mut Planner,
+    how: &QueueAs,
+    mut on_page: impl FnMut(u64),
+) -> Result<(u64, u64), Error> {
+    let pipeline = Arc::clone(plan.pipeline());
+    let (mut queued, mut considered) = (0, 0);
+    let result = async {
+        while let Some(page) = plan.next_page().await? {
+            let (fresh, forced) = queue_keys(&page);
+            considered += (fresh.len() + forced.len()) as u64;
+            let mut page_queued = 0;
+            for (keys, requeue) in [(&fresh, how.fresh_from), (&forced, how.forced_from)] {
+                if keys.is_empty() {
+                    continue;
+                }
+                let batch = Enqueue {
+                    pipeline: &pipeline.spec.name,
+                    export_type: &pipeline.spec.export_type,
+                    keys,
+                    priority: how.priority,
+                    by: how.by,
+                    requeue,
+                    respect_backoff: how.respect_backoff,
+                };
+                page_queued +=
+                    crate::engine::retry(&pipeline.retry, "queue keys", || store.enqueue(&batch))
+                        .await?;
+            }
+            queued += page_queued;
+            on_page(page_queued);
+        }
+        Ok::<_, Error>(())
+    }
+    .await;
+    store.enqueued(queued).await;
+    result.map(|()| (queued, considered))
+}
+
 /// `run`/`backfill` refuse a period that is still open (its end plus `lag`
 /// has not passed at `now`) unless `allow_open`: a usage error naming the
-/// instant it becomes due, raised before any database is opened.
+/// instant it becomes due, raised before any database is opened. Periods
+/// become due in order, so the open ones are the range's tail: when its
+/// last period is due nothing is walked.
 pub fn refuse_open(
     pipeline: &Pipeline,
-    periods: &[Period],
+    range: PeriodRange,
     flag: &str,
     now: DateTime<Utc>,
     allow_open: bool,
 ) -> Result<(), Error> {
-    if allow_open {
+    if allow_open || pipeline.is_due(&range.to, now) {
         return Ok(());
     }
-    let open: Vec<&Period> = periods
-        .iter()
-        .filter(|p| !pipeline.is_due(p, now))
-        .collect();
-    let Some(first) = open.first() else {
+    let mut open = range.periods().skip_while(|p| pipeline.is_due(p, now));
+    let Some(first) = open.next() else {
         return Ok(());
     };
-    let due = pipeline.due_at(first).map_or_else(
+    let count = 1 + open.count();
+    let due = pipeline.due_at(&first).map_or_else(
         || "never (its end plus lag is past the year 9999)".to_string(),
         |at| format!("at {}", at.to_rfc3339_opts(SecondsFormat::Secs, true)),
     );
-    let which = if open.len() == 1 {
+    let which = if count == 1 {
         format!("period {} is still open", first.label())
     } else {
         format!(
-            "{} periods are still open, the first {}",
-            open.len(),
+            "{count} periods are still open, the first {}",
             first.label()
         )
     };
@@ -132,61 +229,245 @@ pub fn refuse_open(
     ))
 }
 
-/// The plan of `ask` for `pipeline`'s `sources` at `now`. The ledger is
-/// read (from `store`; no store means no ledger yet) only when the
-/// selection depends on it.
-pub async fn plan(
-    store: Option<&Store>,
-    pipeline: &Pipeline,
-    sources: &[String],
-    ask: &Ask,
+/// A plan, made a page at a time: [`Planner::next_page`] walks the next
+/// periods, reads the ledger rows of their keys (when the selection or a
+/// preview needs them, and there is a ledger) and decides each key.
+///
+/// The order of the keys is the order the commands have always shown:
+/// `run`/`backfill` by period, then source; `sync` by source, then period.
+/// Each page is read on its own (a short read, no transaction held across
+/// pages), so a command that runs what it plans can plan as it goes.
+pub struct Planner {
+    store: Option<Store>,
+    pipeline: Arc<Pipeline>,
+    sources: Vec<String>,
+    ask: Ask,
     now: DateTime<Utc>,
-) -> Result<Vec<Planned>, Error> {
-    let entries = match store {
-        Some(store) if ask.reads_ledger() => ledger_entries(store, pipeline, None).await?,
-        _ => Vec::new(),
-    };
-    match ask {
-        Ask::Periods {
-            periods,
-            only,
-            force,
-        } => Ok(for_periods(
-            pipeline, periods, sources, *only, *force, &entries, now,
-        )),
-        Ask::Sync { force } => for_sync(pipeline, sources, *force, &entries, now),
-    }
+    /// Read every page's ledger rows (dry runs preview each claim), not
+    /// only when the selection depends on them.
+    read_rows: bool,
+    /// The next period to plan (of the current source, for `sync`).
+    next: Option<Period>,
+    /// `sync`: the index of the source being planned.
+    source: usize,
+    /// `sync`: per source, the starts of its last `lookback` done due
+    /// periods; found once, before the first page.
+    lookback: Option<Vec<HashSet<String>>>,
 }
 
-/// The ledger rows of `pipeline` (optionally of one period start), judged
-/// stale or not against its current version and `[fields]`; read with the
-/// pipeline's retries, like every database step of a command.
-pub async fn ledger_entries(
-    store: &Store,
-    pipeline: &Pipeline,
-    period_start: Option<&str>,
-) -> Result<Vec<LedgerEntry>, Error> {
-    let mut entries = crate::engine::retry(&pipeline.retry, "read the ledger", || {
-        store.status(&pipeline.spec.name, period_start)
-    })
-    .await?;
-    let fingerprint = pipeline.fields_fingerprint();
-    for entry in &mut entries {
-        entry.judge_staleness(&pipeline.spec.version, &fingerprint);
+impl Planner {
+    /// The plan of `ask` for `pipeline`'s `sources` at `now`. No store means
+    /// no ledger yet. `previews`: read the ledger rows of every key.
+    pub fn new(
+        store: Option<Store>,
+        pipeline: Arc<Pipeline>,
+        sources: Vec<String>,
+        ask: Ask,
+        now: DateTime<Utc>,
+        previews: bool,
+    ) -> Result<Planner, Error> {
+        let next = match &ask {
+            Ask::Periods { range, .. } => Some(range.from),
+            Ask::Sync { .. } => pipeline.due_periods(now)?.next(),
+        };
+        Ok(Planner {
+            read_rows: store.is_some() && (previews || ask.reads_ledger()),
+            store,
+            pipeline,
+            sources,
+            ask,
+            now,
+            next,
+            source: 0,
+            lookback: None,
+        })
     }
-    Ok(entries)
-}
 
-/// This export type's ledger rows by `(source, period start)`.
-fn index<'a>(
-    pipeline: &Pipeline,
-    entries: &'a [LedgerEntry],
-) -> HashMap<(&'a str, &'a str), &'a LedgerEntry> {
-    entries
-        .iter()
-        .filter(|e| e.export_type == pipeline.spec.export_type)
-        .map(|e| ((e.source.as_str(), e.period_start.as_str()), e))
-        .collect()
+    pub fn pipeline(&self) -> &Arc<Pipeline> {
+        &self.pipeline
+    }
+
+    /// The next page of the plan; `None` once every key is planned. A
+    /// failed ledger read is tried again with the pipeline's retries.
+    pub async fn next_page(&mut self) -> Result<Option<Vec<Planned>>, Error> {
+        match self.ask.clone() {
+            Ask::Periods { range, only, force } => {
+                let per_page = (PAGE_KEYS / self.sources.len().max(1)).max(1);
+                let periods = self.take_periods(per_page, |p| p.start() <= range.to.start());
+                if periods.is_empty() {
+                    return Ok(None);
+                }
+                let sources = self.sources.clone();
+                let mut rows = self.read(&periods, &sources).await?;
+                let fingerprint = self.pipeline.fields_fingerprint();
+                let mut page = Vec::with_capacity(periods.len() * sources.len());
+                for (period, start) in periods {
+                    for source in &sources {
+                        let mut row = rows.remove(&(source.clone(), start.clone()));
+                        if let Some(row) = &mut row {
+                            row.entry
+                                .judge_staleness(&self.pipeline.spec.version, &fingerprint);
+                        }
+                        page.push(Planned {
+                            key: key(&self.pipeline, source, period),
+                            source: source.clone(),
+                            intent: select(only, force, row.as_ref().map(|r| &r.entry)),
+                            provisional: !self.pipeline.is_due(&period, self.now),
+                            row,
+                        });
+                    }
+                }
+                Ok(Some(page))
+            }
+            Ask::Sync { force } => self.sync_page(force).await,
+        }
+    }
+
+    /// Up to `n` periods from `next` that pass `within`, with their starts.
+    fn take_periods(
+        &mut self,
+        n: usize,
+        within: impl Fn(&Period) -> bool,
+    ) -> Vec<(Period, String)> {
+        let mut periods = Vec::new();
+        while periods.len() < n {
+            match self.next.take() {
+                Some(period) if within(&period) => {
+                    periods.push((period, period.start_rfc3339()));
+                    self.next = Some(period.next());
+                }
+                _ => break,
+            }
+        }
+        periods
+    }
+
+    /// `sync`'s next page: due periods of the current source, then of the
+    /// next source from `period.start`.
+    async fn sync_page(&mut self, force: bool) -> Result<Option<Vec<Planned>>, Error> {
+        if self.lookback.is_none() {
+            self.lookback = Some(self.find_lookback().await?);
+        }
+        let (pipeline, now) = (Arc::clone(&self.pipeline), self.now);
+        loop {
+            let Some(source) = self.sources.get(self.source).cloned() else {
+                return Ok(None);
+            };
+            let periods = self.take_periods(PAGE_KEYS, |p| pipeline.is_due(p, now));
+            if periods.is_empty() {
+                self.source += 1;
+                self.next = pipeline.due_periods(now)?.next();
+                continue;
+            }
+            let mut rows = self.read(&periods, std::slice::from_ref(&source)).await?;
+            let again = self
+                .lookback
+                .as_ref()
+                .and_then(|l| l.get(self.source))
+                .cloned()
+                .unwrap_or_default();
+            let mut page = Vec::with_capacity(periods.len());
+            for (period, start) in periods {
+                let row = rows.remove(&(source.clone(), start.clone()));
+                let entry = row.as_ref().map(|r| &r.entry);
+                page.push(Planned {
+                    key: key(&pipeline, &source, period),
+                    source: source.clone(),
+                    intent: sync_intent(entry, again.contains(&start), force),
+                    provisional: false,
+                    row,
+                });
+            }
+            return Ok(Some(page));
+        }
+    }
+
+    /// The ledger rows of `periods` × `sources` that exist, by (source,
+    /// period start); none without a ledger or when not needed.
+    async fn read(
+        &self,
+        periods: &[(Period, String)],
+        sources: &[String],
+    ) -> Result<HashMap<(String, String), KeyRow>, Error> {
+        let Some(store) = self.store.as_ref().filter(|_| self.read_rows) else {
+            return Ok(HashMap::new());
+        };
+        let keys: Vec<KeyRef<'_>> = periods
+            .iter()
+            .flat_map(|(_, start)| {
+                sources.iter().map(move |source| KeyRef {
+                    source,
+                    period_start: start,
+                })
+            })
+            .collect();
+        let spec = &self.pipeline.spec;
+        let rows = crate::engine::retry(&self.pipeline.retry, "read the ledger", || {
+            store.key_rows(&spec.name, &spec.export_type, &keys)
+        })
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                (
+                    (row.entry.source.clone(), row.entry.period_start.clone()),
+                    row,
+                )
+            })
+            .collect())
+    }
+
+    /// Per source, the starts of the last `lookback` done periods among the
+    /// due ones: read latest first, a few more than needed at a time (rows
+    /// of periods that are not due, or no longer a period's start after a
+    /// change of granularity or timezone, do not count), until found.
+    async fn find_lookback(&self) -> Result<Vec<HashSet<String>>, Error> {
+        let want = usize::try_from(self.pipeline.spec.period.lookback).unwrap_or(usize::MAX);
+        let mut found = vec![HashSet::new(); self.sources.len()];
+        let Some(store) = self.store.as_ref().filter(|_| want > 0) else {
+            return Ok(found);
+        };
+        let spec = &self.pipeline.spec;
+        let limit = i64::try_from(want + 16).unwrap_or(i64::MAX);
+        for (source, starts) in self.sources.iter().zip(found.iter_mut()) {
+            let mut offset = 0;
+            'pages: loop {
+                let page = crate::engine::retry(&self.pipeline.retry, "read the ledger", || {
+                    store.done_starts(&spec.name, &spec.export_type, source, limit, offset)
+                })
+                .await?;
+                let full = i64::try_from(page.len()).is_ok_and(|n| n == limit);
+                for start in page {
+                    if self.is_due_start(&start) {
+                        starts.insert(start);
+                        if starts.len() == want {
+                            break 'pages;
+                        }
+                    }
+                }
+                if !full {
+                    break;
+                }
+                offset += limit;
+            }
+        }
+        Ok(found)
+    }
+
+    /// Whether `start` (as stored) is the start of one of the due periods.
+    fn is_due_start(&self, start: &str) -> bool {
+        let (Ok(at), Some(first)) = (
+            DateTime::parse_from_rfc3339(start),
+            self.pipeline.first_period,
+        ) else {
+            return false;
+        };
+        let spec = &self.pipeline.spec.period;
+        let period = Period::from_start(spec.granularity, spec.timezone, at.with_timezone(&Utc));
+        period.start_rfc3339() == start
+            && period.start() >= first.start()
+            && self.pipeline.is_due(&period, self.now)
+    }
 }
 
 fn key(pipeline: &Pipeline, source: &str, period: Period) -> RunKey {
@@ -196,32 +477,6 @@ fn key(pipeline: &Pipeline, source: &str, period: Period) -> RunKey {
         &pipeline.spec.export_type,
         period,
     )
-}
-
-fn for_periods(
-    pipeline: &Pipeline,
-    periods: &[Period],
-    sources: &[String],
-    only: Option<Only>,
-    force: bool,
-    entries: &[LedgerEntry],
-    now: DateTime<Utc>,
-) -> Vec<Planned> {
-    let index = index(pipeline, entries);
-    let mut plan = Vec::with_capacity(periods.len() * sources.len());
-    for period in periods {
-        let start = period.start_rfc3339();
-        for source in sources {
-            let entry = index.get(&(source.as_str(), start.as_str())).copied();
-            plan.push(Planned {
-                key: key(pipeline, source, *period),
-                source: source.clone(),
-                intent: select(only, force, entry),
-                provisional: !pipeline.is_due(period, now),
-            });
-        }
-    }
-    plan
 }
 
 /// `--only` (the ledger vocabulary of docs/ledger.md): `failed` and
@@ -260,53 +515,18 @@ fn describe(entry: &LedgerEntry) -> String {
     }
 }
 
-fn for_sync(
-    pipeline: &Pipeline,
-    sources: &[String],
-    force: bool,
-    entries: &[LedgerEntry],
-    now: DateTime<Utc>,
-) -> Result<Vec<Planned>, Error> {
-    let due = pipeline.due_periods(now)?;
-    let index = index(pipeline, entries);
-    let lookback = usize::try_from(pipeline.spec.period.lookback).unwrap_or(usize::MAX);
-    let mut plan = Vec::new();
-    for source in sources {
-        let starts: Vec<String> = due.iter().map(Period::start_rfc3339).collect();
-        let done: Vec<Option<&LedgerEntry>> = starts
-            .iter()
-            .map(|start| {
-                index
-                    .get(&(source.as_str(), start.as_str()))
-                    .copied()
-                    .filter(|e| e.status == RunStatus::Done)
-            })
-            .collect();
-        // The last `lookback` done periods are read again for late data.
-        let again: Vec<usize> = (0..due.len())
-            .rev()
-            .filter(|&i| done[i].is_some())
-            .take(lookback)
-            .collect();
-        for (i, period) in due.iter().enumerate() {
-            let entry = index.get(&(source.as_str(), starts[i].as_str())).copied();
-            let intent = match (entry, done[i]) {
-                (_, Some(_)) if force => Intent::Claim(Some(Forced::Flag)),
-                (_, Some(e)) if e.provisional => Intent::Claim(Some(Forced::Provisional)),
-                (_, Some(_)) if again.contains(&i) => Intent::Claim(Some(Forced::Lookback)),
-                (_, Some(e)) => Intent::Leave(describe(e)),
-                (None, None) => Intent::Claim(None),
-                (Some(e), None) => undone(e, force),
-            };
-            plan.push(Planned {
-                key: key(pipeline, source, *period),
-                source: source.clone(),
-                intent,
-                provisional: false,
-            });
-        }
+/// What `sync` does with a due key: `again` says it is one of the last
+/// `lookback` done periods.
+fn sync_intent(entry: Option<&LedgerEntry>, again: bool, force: bool) -> Intent {
+    let done = entry.filter(|e| e.status == RunStatus::Done);
+    match (entry, done) {
+        (_, Some(_)) if force => Intent::Claim(Some(Forced::Flag)),
+        (_, Some(e)) if e.provisional => Intent::Claim(Some(Forced::Provisional)),
+        (_, Some(_)) if again => Intent::Claim(Some(Forced::Lookback)),
+        (_, Some(e)) => Intent::Leave(describe(e)),
+        (None, None) => Intent::Claim(None),
+        (Some(e), None) => undone(e, force),
     }
-    Ok(plan)
 }
 
 /// What `sync` does with a due key that is not done: a failed one runs
@@ -405,7 +625,7 @@ key = ["id"]
         let p = pipeline("");
         let day = p.period("2024-01-05").unwrap();
         let before = at("2024-01-06T01:59:59Z");
-        let error = refuse_open(&p, &[day], "--period", before, false).unwrap_err();
+        let error = refuse_open(&p, PeriodRange::one(day), "--period", before, false).unwrap_err();
         let shown = error.to_string();
         assert!(
             shown.contains("period 2024-01-05 is still open")
@@ -414,27 +634,29 @@ key = ["id"]
             "{shown}"
         );
         assert_eq!(error.class(), tidemark_core::ErrorClass::Config);
-        assert!(refuse_open(&p, &[day], "--period", before, true).is_ok());
-        assert!(refuse_open(&p, &[day], "--period", at("2024-01-06T02:00:00Z"), false).is_ok());
+        assert!(refuse_open(&p, PeriodRange::one(day), "--period", before, true).is_ok());
+        assert!(refuse_open(
+            &p,
+            PeriodRange::one(day),
+            "--period",
+            at("2024-01-06T02:00:00Z"),
+            false
+        )
+        .is_ok());
     }
 
     #[test]
     fn only_selects_by_ledger_state() {
         let p = pipeline("");
-        let periods: Vec<Period> = ["2024-01-01", "2024-01-02", "2024-01-03"]
-            .iter()
-            .map(|d| p.period(d).unwrap())
-            .collect();
         let entries = [
-            entry(&p, "2024-01-01", RunStatus::Done, false),
-            entry(&p, "2024-01-02", RunStatus::Failed, false),
+            Some(entry(&p, "2024-01-01", RunStatus::Done, false)),
+            Some(entry(&p, "2024-01-02", RunStatus::Failed, false)),
+            None,
         ];
-        let now = at("2024-02-01T00:00:00Z");
-        let sources = ["s".to_string()];
         let intents = |only, force| -> Vec<Intent> {
-            for_periods(&p, &periods, &sources, only, force, &entries, now)
-                .into_iter()
-                .map(|planned| planned.intent)
+            entries
+                .iter()
+                .map(|e| select(only, force, e.as_ref()))
                 .collect()
         };
         let claim = Intent::Claim(None);
@@ -471,23 +693,50 @@ key = ["id"]
     #[test]
     fn sync_reruns_provisional_and_lookback_periods_once_due() {
         let p = pipeline("lookback = 1");
-        let entries = [
-            entry(&p, "2024-01-01", RunStatus::Done, true),
-            entry(&p, "2024-01-02", RunStatus::Done, false),
-            entry(&p, "2024-01-03", RunStatus::Done, false),
-        ];
-        let sources = ["s".to_string()];
-        // 2024-01-04 is due at 2024-01-05T02:00Z (Europe: UTC here).
-        let plan = for_sync(&p, &sources, false, &entries, at("2024-01-05T02:00:00Z")).unwrap();
-        let intents: Vec<Intent> = plan.into_iter().map(|planned| planned.intent).collect();
+        let provisional = entry(&p, "2024-01-01", RunStatus::Done, true);
+        let done = entry(&p, "2024-01-02", RunStatus::Done, false);
         assert_eq!(
-            intents,
-            vec![
-                Intent::Claim(Some(Forced::Provisional)),
-                Intent::Leave("done at 2024-01-02T05:00:00.000Z".into()),
-                Intent::Claim(Some(Forced::Lookback)),
-                Intent::Claim(None),
-            ]
+            sync_intent(Some(&provisional), false, false),
+            Intent::Claim(Some(Forced::Provisional))
         );
+        assert_eq!(
+            sync_intent(Some(&done), false, false),
+            Intent::Leave("done at 2024-01-02T05:00:00.000Z".into())
+        );
+        assert_eq!(
+            sync_intent(Some(&done), true, false),
+            Intent::Claim(Some(Forced::Lookback))
+        );
+        assert_eq!(
+            sync_intent(Some(&done), true, true),
+            Intent::Claim(Some(Forced::Flag))
+        );
+        assert_eq!(sync_intent(None, false, false), Intent::Claim(None));
+    }
+
+    #[test]
+    fn a_range_whose_last_period_is_due_walks_nothing() {
+        let p = pipeline("");
+        let range = PeriodRange {
+            from: p.period("2024-01-01").unwrap(),
+            to: p.period("2024-03-01").unwrap(),
+        };
+        let now = at("2024-03-02T01:00:00Z");
+        let error = refuse_open(&p, range, "--to", now, false).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("period 2024-03-01 is still open"),
+            "{error}"
+        );
+        let before = at("2024-02-28T03:00:00Z");
+        let error = refuse_open(&p, range, "--to", before, false).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("3 periods are still open, the first 2024-02-28"),
+            "{error}"
+        );
+        assert!(refuse_open(&p, range, "--to", at("2024-03-02T02:00:00Z"), false).is_ok());
     }
 }

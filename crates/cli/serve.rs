@@ -25,16 +25,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tidemark_core::{Error, Period, Pipeline, RunKey};
 use tidemark_load::{
-    ClaimRequest, Enqueue, EnqueuedBy, QueuePipeline, QueuedRun, RunStatus, Store, WorkerId,
+    ClaimRequest, EnqueuedBy, QueuePipeline, QueuedRun, RunStatus, Store, WorkerId,
 };
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::cli::{Global, ServeArgs};
 use crate::commands::{load_runnable, pipeline_files, worker};
-use crate::engine::{retry, Context, Job, Outcome, RunFlags};
+use crate::engine::{Context, Job, Outcome, RunFlags};
 use crate::exit::Exit;
-use crate::plan::{self, Ask};
+use crate::plan::{self, Ask, Planner};
 
 /// The priority of scheduled keys: a day of head start over backfills
 /// queued at the same time (each point is a minute).
@@ -495,44 +495,45 @@ async fn fire_due(
 /// Queues what is due for `pipeline` at `now`, as `sync` would run it (the
 /// same plan): never-run periods and failed ones past their backoff fresh,
 /// the forced re-runs (lookback, provisional now due) even though done.
-async fn queue_due(shared: &Shared, pipeline: &Pipeline, now: DateTime<Utc>) -> Result<(), Error> {
+/// The plan streams a page at a time and each page is queued in its own
+/// transaction (ADR 0014): a first fire over a million due periods holds
+/// one page, and workers start on the first page while the rest is queued.
+async fn queue_due(
+    shared: &Shared,
+    pipeline: &Arc<Pipeline>,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
     let store = &shared.store;
     let sources = crate::commands::source_ids(pipeline, None)?;
-    let planned = plan::plan(
-        Some(store),
-        pipeline,
-        &sources,
-        &Ask::Sync { force: false },
+    let mut plan = Planner::new(
+        Some(store.clone()),
+        Arc::clone(pipeline),
+        sources,
+        Ask::Sync { force: false },
         now,
-    )
-    .await?;
-    let (fresh, again) = plan::queue_keys(&planned);
-    let mut queued = 0;
-    for (keys, requeue) in [
-        (&fresh, &[RunStatus::Failed][..]),
-        (&again, &[RunStatus::Done][..]),
-    ] {
-        if keys.is_empty() {
-            continue;
+        false,
+    )?;
+    let how = plan::QueueAs {
+        priority: SCHEDULE_PRIORITY,
+        by: EnqueuedBy::Schedule,
+        fresh_from: &[RunStatus::Failed],
+        forced_from: &[RunStatus::Done],
+        respect_backoff: true,
+    };
+    // Workers start on each page as it is queued.
+    let result = plan::enqueue_plan(store, &mut plan, &how, |page_queued| {
+        if page_queued > 0 {
+            shared.wake.notify_waiters();
         }
-        let batch = Enqueue {
-            pipeline: &pipeline.spec.name,
-            export_type: &pipeline.spec.export_type,
-            keys,
-            priority: SCHEDULE_PRIORITY,
-            by: EnqueuedBy::Schedule,
-            requeue,
-            respect_backoff: true,
-        };
-        queued += retry(&pipeline.retry, "queue due keys", || store.enqueue(&batch)).await?;
-    }
+    })
+    .await;
+    let queued = result.as_ref().map_or(0, |(queued, _)| *queued);
     if queued > 0 {
         tracing::info!(pipeline = %pipeline.spec.name, queued, "queued due periods");
-        shared.wake.notify_waiters();
-    } else {
+    } else if result.is_ok() {
         tracing::debug!(pipeline = %pipeline.spec.name, "nothing due");
     }
-    Ok(())
+    result.map(|_| ())
 }
 
 // ---------------------------------------------------------------------------

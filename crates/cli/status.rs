@@ -57,8 +57,10 @@ fn expected_range(
         return pipeline.period_range(from, to).map(Some);
     }
     if args.only == Some(StatusOnly::Missing) {
-        let due = pipeline.due_periods(now)?;
-        return Ok(due.first().copied().zip(due.last().copied()));
+        // Walked, not collected: only the first and the last are kept.
+        let mut due = pipeline.due_periods(now)?;
+        let first = due.next();
+        return Ok(first.map(|first| (first, due.last().unwrap_or(first))));
     }
     Ok(None)
 }

@@ -734,8 +734,13 @@ impl Pipeline {
     }
 
     /// The periods `sync` considers at `now`: from `period.start` through
-    /// the last period whose end plus `lag` has passed.
-    pub fn due_periods(&self, now: chrono::DateTime<chrono::Utc>) -> Result<Vec<Period>, Error> {
+    /// the last period whose end plus `lag` has passed, one at a time (an
+    /// hourly pipeline from 1900 has over a million: they are walked, never
+    /// held at once).
+    pub fn due_periods(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<impl Iterator<Item = Period> + '_, Error> {
         let first = self.first_period.ok_or_else(|| {
             Error::config(
                 self.file_name(),
@@ -744,8 +749,7 @@ impl Pipeline {
             )
         })?;
         Ok(std::iter::successors(Some(first), |p| Some(p.next()))
-            .take_while(|p| self.is_due(p, now))
-            .collect())
+            .take_while(move |p| self.is_due(p, now)))
     }
 
     /// The instant a period becomes due: its end plus `lag`. `None` only
@@ -1749,14 +1753,17 @@ url = "http://127.0.0.1:1/orders"
         // 2024-01-03 ends at 2024-01-04T00:00+01:00 = 2024-01-03T23:00Z; due from 01:00Z on.
         let due = p.due_periods(at("2024-01-04T00:59:00Z")).unwrap();
         assert_eq!(
-            due.iter().map(|d| d.label()).collect::<Vec<_>>(),
+            due.map(|d| d.label()).collect::<Vec<_>>(),
             ["2024-01-01", "2024-01-02"]
         );
-        assert_eq!(p.due_periods(at("2024-01-04T01:00:00Z")).unwrap().len(), 3);
-        assert!(p
-            .due_periods(at("2023-12-01T00:00:00Z"))
-            .unwrap()
-            .is_empty());
+        assert_eq!(
+            p.due_periods(at("2024-01-04T01:00:00Z")).unwrap().count(),
+            3
+        );
+        assert_eq!(
+            p.due_periods(at("2023-12-01T00:00:00Z")).unwrap().count(),
+            0
+        );
         let no_start = parse(&GOOD.replace("start = \"2024-01-01\"\n", "")).unwrap();
         assert!(no_start.due_periods(at("2024-01-04T00:00:00Z")).is_err());
     }

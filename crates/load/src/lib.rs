@@ -27,7 +27,7 @@ use tidemark_core::{Error, RunKey};
 use ledger::driver::Driver as _;
 use ledger::flow;
 
-pub use ledger::preview::Preview;
+pub use ledger::preview::{KeyRef, KeyRow, Preview};
 pub use ledger::{
     process_is_gone, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue, EnqueuedBy,
     Lease, LedgerEntry, QueueKey, QueuePipeline, QueuedRun, RunStatus, StartRange, UnknownState,
@@ -35,6 +35,10 @@ pub use ledger::{
 };
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter, WriterOptions};
+
+/// The most keys one [`Store::enqueue`] call (one transaction) should
+/// carry: a page of a plan.
+pub const ENQUEUE_CHUNK: usize = ledger::flow::ENQUEUE_CHUNK;
 
 /// A connection to the destination database, which also holds the ledger.
 #[derive(Debug, Clone)]
@@ -213,9 +217,18 @@ impl Store {
         dispatch!(self, s => flow::work_left(s, pipelines, me).await)
     }
 
-    /// Puts keys into the work queue; how many were newly queued.
+    /// Puts keys into the work queue, in one transaction; how many were
+    /// newly queued. A plan of many keys calls it once per page of at most
+    /// [`ENQUEUE_CHUNK`] keys, then [`Store::enqueued`] once.
     pub async fn enqueue(&self, batch: &Enqueue<'_>) -> Result<u64, Error> {
         dispatch!(self, s => flow::enqueue(s, batch).await)
+    }
+
+    /// Tells the store that one command queued `total` keys (in one or
+    /// more [`Store::enqueue`] calls): after many, the planner's statistics
+    /// are refreshed, once.
+    pub async fn enqueued(&self, total: u64) {
+        dispatch!(self, s => flow::enqueued(s, total).await)
     }
 
     /// A listener for queued keys (see [`QueueListener`]).
@@ -246,16 +259,31 @@ impl Store {
         dispatch!(self, s => flow::restart_fresh(s, lease).await)
     }
 
-    /// What claiming each `(key, request)` would do now (all keys of
-    /// `pipeline` and `export_type`), read without locking or writing: the
-    /// same claim rules a claim applies.
-    pub async fn preview_claims(
+    /// The ledger rows of `keys` of `pipeline` and `export_type` that
+    /// exist, read without locking or writing, each with what a claim
+    /// would do with it ([`KeyRow::preview`]: the same claim rules a claim
+    /// applies). One indexed lookup per key, in one read: planning asks a
+    /// page of keys at a time, never the whole ledger.
+    pub async fn key_rows(
         &self,
         pipeline: &str,
         export_type: &str,
-        keys: &[(RunKey, ClaimRequest)],
-    ) -> Result<Vec<Preview>, Error> {
-        dispatch!(self, s => ledger::preview::preview(s, pipeline, export_type, keys).await)
+        keys: &[KeyRef<'_>],
+    ) -> Result<Vec<KeyRow>, Error> {
+        dispatch!(self, s => ledger::preview::key_rows(s, pipeline, export_type, keys).await)
+    }
+
+    /// The period starts of `source`'s done rows, latest first, `limit`
+    /// of them after the first `offset`.
+    pub async fn done_starts(
+        &self,
+        pipeline: &str,
+        export_type: &str,
+        source: &str,
+        limit: i64,
+        offset: i64,
+    ) -> Result<Vec<String>, Error> {
+        dispatch!(self, s => ledger::preview::done_starts(s, pipeline, export_type, source, limit, offset).await)
     }
 
     /// Ledger rows of a pipeline, optionally for one period start.

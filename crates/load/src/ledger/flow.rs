@@ -306,13 +306,17 @@ pub(crate) async fn work_left<D: Driver>(
     Ok(false)
 }
 
+/// Keys per enqueue statement, and per transaction of a plan's enqueue.
+pub(crate) const ENQUEUE_CHUNK: usize = 10_000;
+
 /// Queues `keys` of one pipeline: new keys are inserted as `pending`;
 /// existing keys in one of `requeue` states go back to `pending`, fresh.
 /// One statement per chunk of keys, not a round trip per key; all in one
-/// transaction. Returns how many keys are newly queued.
+/// transaction (a plan's enqueue calls this per page, so a transaction
+/// holds at most [`ENQUEUE_CHUNK`] keys: ADR 0014). Returns how many keys
+/// are newly queued.
 pub(crate) async fn enqueue<D: Driver>(driver: &D, batch: &Enqueue<'_>) -> Result<u64, Error> {
-    /// Keys per statement.
-    const CHUNK: usize = 10_000;
+    const CHUNK: usize = ENQUEUE_CHUNK;
     let s = sql::<D>();
     let head = [
         Arg::Text(batch.pipeline),
@@ -347,10 +351,15 @@ pub(crate) async fn enqueue<D: Driver>(driver: &D, batch: &Enqueue<'_>) -> Resul
         wake_workers::<D>(&mut tx).await?;
     }
     tx.commit().await?;
-    if queued >= ANALYZE_AFTER {
+    Ok(queued)
+}
+
+/// After a command queued `total` keys: refreshes the planner's statistics
+/// once if they are many.
+pub(crate) async fn enqueued<D: Driver>(driver: &D, total: u64) {
+    if total >= ANALYZE_AFTER {
         refresh_statistics(driver).await;
     }
-    Ok(queued)
 }
 
 /// Keys queued at once from which the planner's statistics are refreshed
@@ -637,7 +646,7 @@ pub(crate) async fn status_each<D: Driver>(
     tx.commit().await
 }
 
-fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
+pub(super) fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
     let status: RunStatus = row.state("status")?;
     Ok(LedgerEntry {
         pipeline: row.text("pipeline")?,

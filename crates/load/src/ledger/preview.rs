@@ -1,18 +1,21 @@
-//! What a claim would do with each run key, found without locking or
-//! writing anything: the answer of a dry run. It reads the same columns a
-//! claim locks and applies the same claim rules ([`super::rules::decide`])
-//! to them, so a dry run cannot disagree with the claim that follows it
-//! unless the ledger changes in between.
+//! The ledger rows planning reads, a page of run keys at a time, and what a
+//! claim would do with each, found without locking or writing anything:
+//! the answer of a dry run. A row carries what `status` shows of it and the
+//! columns a claim locks, and its preview applies the same claim rules
+//! ([`super::rules::decide`]) to them, so a dry run cannot disagree with the
+//! claim that follows it unless the ledger changes in between.
+//!
+//! Rows are read by key (one indexed lookup each, the keys of a page sent
+//! as one JSON parameter), never the whole ledger at once: planning a range
+//! of a million periods holds one page of rows (ADR 0014).
 
-use std::collections::HashMap;
+use tidemark_core::Error;
 
-use tidemark_core::{Error, RunKey};
-
-use super::driver::{Driver, LedgerTx, Record};
-use super::flow::snapshot;
-use super::rules::{decide, Decision};
+use super::driver::{Arg, Driver, LedgerTx, Record};
+use super::flow::{entry_of, snapshot};
+use super::rules::{decide, Decision, Snapshot};
 use super::sql::Statements;
-use super::{ClaimRequest, RunStatus};
+use super::{ClaimRequest, LedgerEntry, RunStatus};
 
 /// What claiming one run key would do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,55 +49,116 @@ pub enum Preview {
     },
 }
 
-/// The preview of each `(key, request)` (all of `pipeline` and
-/// `export_type`), in order, as of one read of the ledger.
-pub(crate) async fn preview<D: Driver>(
+/// One run key's ledger row as planning reads it: what `status` shows, and
+/// what a claim would see of it (as of the read).
+#[derive(Debug, Clone)]
+pub struct KeyRow {
+    /// The row as `status` shows it (not yet judged stale).
+    pub entry: LedgerEntry,
+    snapshot: Snapshot,
+    batches: i64,
+}
+
+impl KeyRow {
+    /// What a claim with `request` would do with this row.
+    pub fn preview(&self, request: &ClaimRequest) -> Preview {
+        match decide(self.snapshot.clone(), request) {
+            Decision::Done(_) => Preview::Done {
+                finished_at: self.entry.finished_at.clone(),
+            },
+            Decision::Held { owner, expires_at } => Preview::Held { owner, expires_at },
+            Decision::Take {
+                resume: Some(_), ..
+            } => Preview::Resume {
+                batches: self.batches,
+            },
+            Decision::Take { resume: None, .. } => Preview::Fresh {
+                from: self.snapshot.status,
+                error_class: self.entry.error_class.clone(),
+            },
+        }
+    }
+}
+
+/// One run key to look up: source and period start (RFC 3339, as stored).
+#[derive(Debug, Clone, Copy)]
+pub struct KeyRef<'a> {
+    /// Source id.
+    pub source: &'a str,
+    /// Period start.
+    pub period_start: &'a str,
+}
+
+/// The ledger rows of `keys` (all of `pipeline` and `export_type`) that
+/// exist, in no particular order, as of one read.
+pub(crate) async fn key_rows<D: Driver>(
     driver: &D,
     pipeline: &str,
     export_type: &str,
-    keys: &[(RunKey, ClaimRequest)],
-) -> Result<Vec<Preview>, Error> {
-    let mut rows: HashMap<(String, String), Record> = HashMap::new();
+    keys: &[KeyRef<'_>],
+) -> Result<Vec<KeyRow>, Error> {
+    let mut rows = Vec::new();
+    if keys.is_empty() {
+        return Ok(rows);
+    }
+    let wanted: serde_json::Value = keys
+        .iter()
+        .map(|k| serde_json::json!([k.source, k.period_start]))
+        .collect();
     let mut tx = driver.begin_read().await?;
     tx.fetch_each(
-        &Statements::of(D::DIALECT).preview_runs,
+        &Statements::of(D::DIALECT).key_rows,
         &[
-            super::driver::Arg::Text(pipeline),
-            super::driver::Arg::Text(export_type),
+            Arg::Text(pipeline),
+            Arg::Text(export_type),
+            Arg::Json(Some(&wanted)),
         ],
         |row| {
-            rows.insert((row.text("source")?, row.text("period_start")?), row);
+            rows.push(key_row(&row)?);
             Ok(())
         },
     )
     .await?;
     tx.commit().await?;
-    keys.iter()
-        .map(
-            |(key, request)| match rows.get(&(key.source.clone(), key.period.start_rfc3339())) {
-                None => Ok(Preview::New),
-                Some(row) => preview_row(row, request),
-            },
-        )
-        .collect()
+    Ok(rows)
 }
 
-fn preview_row(row: &Record, request: &ClaimRequest) -> Result<Preview, Error> {
-    let snapshot = snapshot(row)?;
-    let from = snapshot.status;
-    Ok(match decide(snapshot, request) {
-        Decision::Done(_) => Preview::Done {
-            finished_at: row.opt_text("finished_at")?,
-        },
-        Decision::Held { owner, expires_at } => Preview::Held { owner, expires_at },
-        Decision::Take {
-            resume: Some(_), ..
-        } => Preview::Resume {
-            batches: row.int("batches")?,
-        },
-        Decision::Take { resume: None, .. } => Preview::Fresh {
-            from,
-            error_class: row.opt_text("error_class")?,
-        },
+fn key_row(row: &Record) -> Result<KeyRow, Error> {
+    Ok(KeyRow {
+        entry: entry_of(row)?,
+        snapshot: snapshot(row)?,
+        batches: row.int("batches")?,
     })
+}
+
+/// The starts of `source`'s done rows (of `pipeline` and `export_type`),
+/// latest instant first, `limit` of them after skipping `offset`: where
+/// `sync` finds its last `lookback` done periods without reading the rest.
+pub(crate) async fn done_starts<D: Driver>(
+    driver: &D,
+    pipeline: &str,
+    export_type: &str,
+    source: &str,
+    limit: i64,
+    offset: i64,
+) -> Result<Vec<String>, Error> {
+    let mut starts = Vec::new();
+    let mut tx = driver.begin_read().await?;
+    tx.fetch_each(
+        &Statements::of(D::DIALECT).done_starts,
+        &[
+            Arg::Text(pipeline),
+            Arg::Text(export_type),
+            Arg::Text(source),
+            Arg::Int(limit),
+            Arg::Int(offset),
+        ],
+        |row| {
+            starts.push(row.text("period_start")?);
+            Ok(())
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(starts)
 }
