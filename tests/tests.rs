@@ -11,6 +11,7 @@ mod foundation;
 mod guards;
 mod hardening_extract;
 mod hardening_periods;
+mod hardening_storage;
 mod http;
 mod memory_budget;
 mod ownership;

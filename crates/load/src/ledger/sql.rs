@@ -32,15 +32,6 @@ impl Dialect {
         }
     }
 
-    /// Locks the selected rows until commit. SQLite's transaction already
-    /// holds the one write lock.
-    fn for_update(self) -> &'static str {
-        match self {
-            Dialect::Postgres => " FOR UPDATE",
-            Dialect::Sqlite => "",
-        }
-    }
-
     /// A time bound as a parameter, as the column type wants it.
     fn time_param(self, param: &str) -> String {
         match self {
@@ -98,6 +89,18 @@ impl Dialect {
         }
     }
 
+    /// Holds the selected rows against claims (`FOR UPDATE`) until commit,
+    /// but not against the heartbeat's or the batch's own non-key
+    /// `UPDATE`s (`FOR NO KEY UPDATE`): PostgreSQL's `FOR KEY SHARE`
+    /// conflicts only with `FOR UPDATE` and key changes. SQLite's
+    /// transaction already holds the one write lock.
+    fn key_share(self) -> &'static str {
+        match self {
+            Dialect::Postgres => " FOR KEY SHARE",
+            Dialect::Sqlite => "",
+        }
+    }
+
     /// Locks the selected rows, skipping rows another transaction holds: a
     /// claim never waits behind another worker. SQLite has one writer, so
     /// its claim transaction already excludes every other.
@@ -144,8 +147,13 @@ pub(crate) struct Statements {
     /// Creates the run key's row unless it exists. `$1..$5`: pipeline,
     /// source, export type, period start, period end.
     pub insert_run: String,
-    /// Reads and locks the run key's row. `$1..$4`: the run key.
+    /// Reads and locks the run key's row, or returns nothing when another
+    /// transaction holds it (PostgreSQL: a claim never waits behind a
+    /// batch). `$1..$4`: the run key.
     pub lock_run: String,
+    /// Reads the run key's row without locking it (who holds it, when
+    /// [`Statements::lock_run`] skipped it). `$1..$4`: the run key.
+    pub read_run: String,
     /// What a claim would read, for every run key of a pipeline and export
     /// type, without locking (dry runs). `$1` pipeline, `$2` export type.
     pub preview_runs: String,
@@ -164,6 +172,9 @@ pub(crate) struct Statements {
     pub insert_attempt: String,
     /// `$1` lease seconds, `$2` run ref, `$3` attempt.
     pub heartbeat: String,
+    /// Bounds the heartbeat transaction's row-lock waits: `$1`
+    /// milliseconds (PostgreSQL's `lock_timeout`, for this transaction).
+    pub heartbeat_patience: Option<String>,
     /// `$1` run ref, `$2` attempt. The first statement of every write
     /// transaction of an attempt.
     pub fence: String,
@@ -250,8 +261,9 @@ impl Statements {
             ),
             lock_run: format!(
                 "SELECT {claim_columns} FROM _tm_runs WHERE {run_key}{}",
-                d.for_update()
+                d.skip_locked()
             ),
+            read_run: format!("SELECT {claim_columns} FROM _tm_runs WHERE {run_key}"),
             preview_runs: format!(
                 "SELECT finished_at, error_class, {claim_columns}
                  FROM _tm_runs WHERE pipeline = $1 AND export_type = $2"
@@ -288,10 +300,28 @@ impl Statements {
                  WHERE id = $2 AND attempt = $3 AND status = '{running}'",
                 d.now_plus("$1")
             ),
-            fence: format!(
-                "UPDATE _tm_runs SET updated_at = {now}
-                 WHERE id = $1 AND attempt = $2 AND status = '{running}'"
-            ),
+            heartbeat_patience: match d {
+                Dialect::Postgres => {
+                    Some("SELECT set_config('lock_timeout', $1, true)".to_string())
+                }
+                Dialect::Sqlite => None,
+            },
+            fence: match d {
+                // A row lock that claims wait for (or skip) but the
+                // heartbeat does not: see `Dialect::key_share`. Under READ
+                // COMMITTED a fence that waited for a takeover's commit
+                // re-reads the new row version, finds `attempt` changed
+                // and returns nothing.
+                Dialect::Postgres => format!(
+                    "SELECT id FROM _tm_runs
+                     WHERE id = $1 AND attempt = $2 AND status = '{running}'{}",
+                    d.key_share()
+                ),
+                Dialect::Sqlite => format!(
+                    "UPDATE _tm_runs SET updated_at = {now}
+                     WHERE id = $1 AND attempt = $2 AND status = '{running}'"
+                ),
+            },
             fail_run: format!(
                 "UPDATE _tm_runs SET status = '{}', error_class = $1, error_message = $2, finished_at = {now},
                         {release}, failures = failures + 1, not_before = {}, updated_at = {now},
