@@ -32,38 +32,32 @@ v = { type = "int" }
 table = "p"
 key = ["id"]
 batch_size = 500
+max_rejects = 1000
 "#,
     );
 }
 
 /// A day's file of `rows` rows.
 fn day_file(env: &Env, day: &str, rows: usize) {
+    day_file_with_rejects(env, day, rows, usize::MAX);
+}
+
+/// A day's file of `rows` rows, every `bad_every`th of them with a `v` that
+/// is not an integer (a reject).
+fn day_file_with_rejects(env: &Env, day: &str, rows: usize, bad_every: usize) {
     let mut text = String::from("id,v\n");
     for i in 0..rows {
-        let _ = writeln!(text, "{day}-{i},{i}");
+        if (i + 1) % bad_every == 0 {
+            let _ = writeln!(text, "{day}-{i},x");
+        } else {
+            let _ = writeln!(text, "{day}-{i},{i}");
+        }
     }
     env.write(format!("data/{day}.csv"), &text);
 }
 
-/// The holder is mid-batch while another session holds the destination
-/// table (`LOCK TABLE … ACCESS EXCLUSIVE`, as a `CREATE INDEX` or `ALTER`
-/// would): a second run of the key answers 75 at once instead of waiting
-/// on the run row, and the holder's heartbeat is not queued behind its own
-/// batch, so it keeps its lease (attempt 1) and finishes once the lock goes.
-#[tokio::test]
-async fn batch_waiting_on_its_table_keeps_its_lease_and_claims_answer_held_postgres() {
-    let env = Env::new(Backend::Postgres).await;
-    pipeline_p(&env);
-    day_file(&env, "2024-01-02", 10);
-    day_file(&env, "2024-01-01", 200_000);
-    // The destination table exists before the holder starts.
-    env.tidemark(&["run", "p", "--period", "2024-01-02"])
-        .expect_code(0, "a small day creates the table");
-
-    let ttl = ["--lease-ttl", "3s"];
-    let mut args = vec!["run", "p", "--period", "2024-01-01"];
-    args.extend(ttl);
-    let holder = env.spawn(&args);
+/// Waits until the run of 2024-01-01 has committed a batch.
+async fn first_batch_committed(env: &Env) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let batches = env
@@ -86,6 +80,28 @@ async fn batch_waiting_on_its_table_keeps_its_lease_and_claims_answer_held_postg
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The holder is mid-batch while another session holds the destination
+/// table (`LOCK TABLE … ACCESS EXCLUSIVE`, as a `CREATE INDEX` or `ALTER`
+/// would): a second run of the key answers 75 at once instead of waiting
+/// on the run row, and the holder's heartbeat is not queued behind its own
+/// batch, so it keeps its lease (attempt 1) and finishes once the lock goes.
+#[tokio::test]
+async fn batch_waiting_on_its_table_keeps_its_lease_and_claims_answer_held_postgres() {
+    let env = Env::new(Backend::Postgres).await;
+    pipeline_p(&env);
+    day_file(&env, "2024-01-02", 10);
+    day_file(&env, "2024-01-01", 200_000);
+    // The destination table exists before the holder starts.
+    env.tidemark(&["run", "p", "--period", "2024-01-02"])
+        .expect_code(0, "a small day creates the table");
+
+    let ttl = ["--lease-ttl", "3s"];
+    let mut args = vec!["run", "p", "--period", "2024-01-01"];
+    args.extend(ttl);
+    let holder = env.spawn(&args);
+    first_batch_committed(&env).await;
     let mut locker = sqlx::PgConnection::connect(&env.db.url())
         .await
         .expect("connect");
@@ -168,4 +184,61 @@ async fn full_disk_leaves_no_key_running_sqlite() {
         .await
         .expect("read the ledger");
     assert!(failed >= 1, "the failure is recorded\n{out}");
+}
+
+/// A holder stopped (`SIGSTOP`) inside its batch transaction frees the run
+/// row: the server ends its session idle in the transaction, and once its
+/// lease has expired another run takes the key over and finishes it, where
+/// a claim used to wait on the row for as long as the holder stayed stopped.
+#[tokio::test]
+async fn stopped_holder_frees_its_row_and_is_taken_over_postgres() {
+    let env = Env::new(Backend::Postgres).await;
+    pipeline_p(&env);
+    day_file(&env, "2024-01-02", 10);
+    // One reject per batch: the holder's batch inserts it after its rows.
+    day_file_with_rejects(&env, "2024-01-01", 200_000, 500);
+    env.tidemark(&["run", "p", "--period", "2024-01-02"])
+        .expect_code(0, "a small day creates the table");
+    let args = ["run", "p", "--period", "2024-01-01", "--lease-ttl", "3s"];
+    let holder = env.spawn(&args);
+    first_batch_committed(&env).await;
+    // Hold the holder's next batch at its reject (after its rows), stop it
+    // there, then let the table go: the statement completes and the
+    // session sits idle inside the batch transaction.
+    let mut locker = sqlx::PgConnection::connect(&env.db.url())
+        .await
+        .expect("connect");
+    let mut lock = locker.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE _tm_rejects IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock the rejects table");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    holder.signal("STOP");
+    lock.rollback().await.expect("release the table");
+    let started = Instant::now();
+    let taken = loop {
+        let out = env.spawn(&args).finish(Duration::from_secs(40));
+        if out.code == Some(0) {
+            break out;
+        }
+        out.expect_code(
+            75,
+            "held while the stopped holder's row is locked or its lease live",
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the stopped holder's row was never freed\n{out}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    holder.signal("CONT");
+    let _ = holder.kill9();
+    assert!(taken.stderr.contains("run done"), "{taken}");
+    let rows = env
+        .db
+        .rows("SELECT status FROM _tm_runs WHERE period_start LIKE '2024-01-01%'")
+        .await;
+    assert_eq!(rows, vec![vec![Some("done".to_string())]]);
+    assert_eq!(env.db.count("FROM p").await, 200_010 - 400);
 }
