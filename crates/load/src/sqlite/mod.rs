@@ -121,7 +121,10 @@ impl SqliteStore {
             threshold: checkpoint_frames,
             notify: tokio::sync::Notify::new(),
         }));
-        let reserve = Reserve::keep(options.get_filename());
+        // An in-memory database has no disk to fill.
+        let file = options.get_filename();
+        let reserve = (!file.as_os_str().is_empty() && file != std::path::Path::new(":memory:"))
+            .then(|| std::sync::Arc::new(Reserve::keep(file)));
         let pool = open_pool(options, wal_signal).await?;
         tokio::spawn(checkpoint_in_background(pool.clone(), wal_signal));
         let store = SqliteStore {
@@ -129,7 +132,7 @@ impl SqliteStore {
             kept: std::sync::Arc::new(Kept::new(KEPT_CONNECTIONS)),
             wal_signal,
             read_only: false,
-            reserve: Some(std::sync::Arc::new(reserve)),
+            reserve,
         };
         store.migrate().await?;
         Ok(store)
