@@ -14,12 +14,12 @@ use sqlx::Connection as _;
 use crate::support::{Backend, Env, DEFAULT_PG_URL};
 
 /// A tmpfs of a given size, unmounted when dropped.
-struct SmallDisk {
-    path: PathBuf,
+pub(crate) struct SmallDisk {
+    pub(crate) path: PathBuf,
 }
 
 impl SmallDisk {
-    fn mount(path: &Path, size: &str) -> SmallDisk {
+    pub(crate) fn mount(path: &Path, size: &str) -> SmallDisk {
         std::fs::create_dir_all(path).expect("mount point");
         let status = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
@@ -37,7 +37,7 @@ impl SmallDisk {
     }
 
     /// KiB in use, as `df` counts them.
-    fn used_kib(&self) -> u64 {
+    pub(crate) fn used_kib(&self) -> u64 {
         let out = Command::new("df")
             .args(["-k", "--output=used"])
             .arg(&self.path)
@@ -50,7 +50,7 @@ impl SmallDisk {
             .expect("df prints the KiB used")
     }
 
-    fn resize(&self, size: &str) {
+    pub(crate) fn resize(&self, size: &str) {
         let status = Command::new("mount")
             .args(["-o", &format!("remount,size={size}")])
             .arg(&self.path)
@@ -66,7 +66,7 @@ impl Drop for SmallDisk {
     }
 }
 
-fn january(env: &Env, url: &str) -> crate::support::Out {
+pub(crate) fn january(env: &Env, url: &str) -> crate::support::Out {
     env.tidemark_at(
         url,
         &[
@@ -102,7 +102,7 @@ fn assert_stopped_on_full_disk(out: &crate::support::Out) {
 
 /// A small disk of `size` in the test's folder, the SQLite file on it,
 /// and that file's URL.
-fn sqlite_on_small_disk(env: &Env, size: &str) -> (SmallDisk, PathBuf, String) {
+pub(crate) fn sqlite_on_small_disk(env: &Env, size: &str) -> (SmallDisk, PathBuf, String) {
     let disk = SmallDisk::mount(&env.path("small-disk"), size);
     let file = disk.path.join("t.db");
     let url = format!("sqlite://{}", file.display());

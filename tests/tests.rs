@@ -15,6 +15,7 @@ mod hardening_extract;
 mod hardening_periods;
 mod hardening_planning;
 mod hardening_queue;
+mod hardening_storage;
 mod http;
 mod memory_budget;
 mod ownership;

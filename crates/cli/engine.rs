@@ -196,8 +196,10 @@ impl Job {
     async fn hand_back(&self, lease: &Lease, counts: &Counts) -> Outcome {
         let why =
             "interrupted by a signal after its last committed batch; the next claim resumes it";
-        match retry(&self.pipeline.retry, "hand the key back", || {
-            self.store.interrupt(lease, counts, why)
+        match record_despite_full_storage(&self.store, || {
+            retry(&self.pipeline.retry, "hand the key back", || {
+                self.store.interrupt(lease, counts, why)
+            })
         })
         .await
         {
@@ -526,8 +528,10 @@ pub async fn record_failure(
     counts: &Counts,
     error: &Error,
 ) {
-    let recorded = retry(policy, "record failure", || {
-        store.mark_failed(lease, counts, error)
+    let recorded = record_despite_full_storage(store, || {
+        retry(policy, "record failure", || {
+            store.mark_failed(lease, counts, error)
+        })
     })
     .await;
     if let Err(e) = recorded {
@@ -546,6 +550,40 @@ fn fresh(run: ClaimedRun, run_id: String) -> ClaimedRun {
         batches: 0,
         seen: Default::default(),
         new_fields: run.new_fields,
+    }
+}
+
+/// Tries of an attempt's last ledger write (its failure, or handing the key
+/// back) that the database refused for lack of space.
+const STORAGE_TRIES: u32 = 8;
+
+/// The first pause between those tries; each next pause is one more of it
+/// (about 7 s in all).
+const STORAGE_PAUSE: Duration = Duration::from_millis(250);
+
+/// Runs an attempt's last ledger write, trying again a few times when the
+/// database cannot store it: on a full disk the write usually fails only
+/// while another attempt's batch (in this process or another) holds the
+/// last free space, which its own failure soon rolls back, and then fits
+/// once SQLite's space reserve is released. A key whose end
+/// is never written stays `running` until its lease runs out, and the next
+/// command would need a takeover to see the truth.
+async fn record_despite_full_storage<F, Fut>(store: &Store, mut write: F) -> Result<(), Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), Error>>,
+{
+    let mut tries = 1;
+    loop {
+        match write().await {
+            Err(Error::Storage { message }) if tries < STORAGE_TRIES => {
+                tracing::warn!(error = %message, "the ledger cannot store the attempt's end yet; trying again once other writes have rolled back");
+                store.make_room();
+                tokio::time::sleep(STORAGE_PAUSE * tries).await;
+                tries += 1;
+            }
+            other => return other,
+        }
     }
 }
 

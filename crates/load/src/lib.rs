@@ -128,6 +128,16 @@ impl Store {
         }
     }
 
+    /// After a storage failure (a full disk), frees what space the
+    /// database can give back without losing anything, so the attempt's
+    /// last ledger write fits: SQLite releases the space reserve kept
+    /// beside its file. PostgreSQL manages its own space; nothing to do.
+    pub fn make_room(&self) {
+        if let Backend::Sqlite(s) = &self.backend {
+            s.make_room();
+        }
+    }
+
     /// Applies pending ledger migrations (also done by [`Store::connect`]).
     pub async fn migrate(&self) -> Result<(), Error> {
         dispatch!(self, s => s.migrate().await)

@@ -10,7 +10,9 @@ use std::time::Duration;
 use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, FieldsFingerprint, KeySet, RunKey};
 
-use super::driver::{fetch_all, fetch_optional, Arg, Driver, LedgerTx, Record, Vanished as _};
+use super::driver::{
+    fetch_all, fetch_optional, Arg, Dialect, Driver, LedgerTx, Record, Vanished as _,
+};
 use super::rules::{decide, Decision, Snapshot};
 use super::sql::Statements;
 use super::{
@@ -32,35 +34,89 @@ fn count_args(counts: &Counts) -> [Arg<'static>; Counts::COLUMNS.len()] {
     counts.values().map(Arg::OptInt)
 }
 
+/// How long a claim tries again for a run row another transaction holds
+/// before it answers `Held`: long enough for a racing claim or heartbeat
+/// (milliseconds), far shorter than a batch that waits on its table.
+const CLAIM_PATIENCE: Duration = Duration::from_secs(1);
+
+/// Pause between two tries of a claim whose run row is locked.
+const CLAIM_RETRY: Duration = Duration::from_millis(50);
+
 /// Takes the run key for a new attempt, or explains why not: creates its
 /// ledger row if missing, locks it, applies the claim rules and starts the
 /// attempt, in one transaction.
+///
+/// A claim never waits on a locked run row (on PostgreSQL a batch holds its
+/// row until commit, and a batch may wait without limit on its destination
+/// table): it tries again for [`CLAIM_PATIENCE`], then answers `Held` with
+/// the owner the row names.
 pub(crate) async fn claim<D: Driver>(
     driver: &D,
     key: &RunKey,
     request: &ClaimRequest,
 ) -> Result<Claim, Error> {
-    let s = sql::<D>();
-    let (start, end) = (key.period.start_rfc3339(), key.period.end_rfc3339());
-    let run_key = [
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(claim) = try_claim(driver, key, request).await? {
+            return Ok(claim);
+        }
+        if started.elapsed() >= CLAIM_PATIENCE {
+            return held_by_transaction(driver, key).await;
+        }
+        tokio::time::sleep(CLAIM_RETRY).await;
+    }
+}
+
+/// The run key's arguments: pipeline, source, export type, period start.
+fn run_key_args<'a>(key: &'a RunKey, start: &'a str) -> [Arg<'a>; 4] {
+    [
         Arg::Text(&key.pipeline),
         Arg::Text(&key.source),
         Arg::Text(&key.export_type),
-        Arg::Text(&start),
-    ];
+        Arg::Text(start),
+    ]
+}
+
+/// One try of [`claim`]; `None` when another transaction holds the row.
+async fn try_claim<D: Driver>(
+    driver: &D,
+    key: &RunKey,
+    request: &ClaimRequest,
+) -> Result<Option<Claim>, Error> {
+    let s = sql::<D>();
+    let (start, end) = (key.period.start_rfc3339(), key.period.end_rfc3339());
+    let run_key = run_key_args(key, &start);
     let mut tx = driver.begin().await?;
     let mut insert = run_key.to_vec();
     insert.push(Arg::Text(&end));
     tx.execute(&s.insert_run, &insert).await?;
-    let row = fetch_optional(&mut tx, &s.lock_run, &run_key)
-        .await?
-        .ok_or_else(|| Error::Database {
-            message: format!("the ledger row of {key} vanished during its claim"),
-            transient: true,
-        })?;
+    let Some(row) = fetch_optional(&mut tx, &s.lock_run, &run_key).await? else {
+        tx.commit().await?;
+        return Ok(None);
+    };
     let claim = take::<D>(&mut tx, &row, request).await?;
     tx.commit().await?;
-    Ok(claim)
+    Ok(Some(claim))
+}
+
+/// `Held` for a run row another transaction kept locked past
+/// [`CLAIM_PATIENCE`]: a batch of its holder (which may be waiting on its
+/// destination table), named by the row's lease.
+async fn held_by_transaction<D: Driver>(driver: &D, key: &RunKey) -> Result<Claim, Error> {
+    let start = key.period.start_rfc3339();
+    let mut tx = driver.begin_read().await?;
+    let row = fetch_optional(&mut tx, &sql::<D>().read_run, &run_key_args(key, &start)).await?;
+    tx.commit().await?;
+    let row = row.ok_or_else(|| Error::Database {
+        message: format!("the ledger row of {key} vanished during its claim"),
+        transient: true,
+    })?;
+    Ok(Claim::Held {
+        owner: row
+            .opt_text("lease_owner")?
+            .unwrap_or_else(|| "another transaction (the run row is locked)".to_string()),
+        expires_at: row.opt_text("lease_expires_at")?.unwrap_or_default(),
+    })
 }
 
 /// Applies the claim rules to a locked run row and, when they say so,
@@ -484,16 +540,30 @@ async fn load_seen<D: Driver>(tx: &mut D::Tx, run_ref: i64, run_id: &str) -> Res
     Ok(seen)
 }
 
+/// The heartbeat waits for a row lock at most this share of the lease (a
+/// claim's or the end of its own batch, both short); past it the renewal
+/// fails as transient and is tried again at the next beat, well inside the
+/// lease.
+const HEARTBEAT_PATIENCE_SHARE: u32 = 6;
+
 /// Extends the lease. `Ok(false)` when the attempt no longer holds it.
 pub(crate) async fn heartbeat<D: Driver>(
     driver: &D,
     lease: &Lease,
     ttl: Duration,
 ) -> Result<bool, Error> {
+    let s = sql::<D>();
     let mut tx = driver.begin().await?;
+    if let Some(patience) = &s.heartbeat_patience {
+        let millis = (ttl / HEARTBEAT_PATIENCE_SHARE)
+            .as_millis()
+            .max(1)
+            .to_string();
+        tx.execute(patience, &[Arg::Text(&millis)]).await?;
+    }
     let renewed = tx
         .execute(
-            &sql::<D>().heartbeat,
+            &s.heartbeat,
             &[
                 Arg::Float(ttl.as_secs_f64()),
                 Arg::Int(lease.run_ref),
@@ -506,14 +576,16 @@ pub(crate) async fn heartbeat<D: Driver>(
 }
 
 /// The fencing check: the ledger must still hold this attempt, running.
+/// On PostgreSQL it also holds the run row against claims until commit
+/// (`FOR KEY SHARE`), never against the attempt's own heartbeat.
 async fn fence<D: Driver>(tx: &mut D::Tx, lease: &Lease) -> Result<(), Error> {
-    let held = tx
-        .execute(
-            &sql::<D>().fence,
-            &[Arg::Int(lease.run_ref), Arg::Int(lease.attempt)],
-        )
-        .await?;
-    if held == 1 {
+    let args = [Arg::Int(lease.run_ref), Arg::Int(lease.attempt)];
+    let fence = &sql::<D>().fence;
+    let held = match D::DIALECT {
+        Dialect::Postgres => fetch_optional(tx, fence, &args).await?.is_some(),
+        Dialect::Sqlite => tx.execute(fence, &args).await? == 1,
+    };
+    if held {
         Ok(())
     } else {
         Err(lease_lost(lease))

@@ -32,15 +32,6 @@ impl Dialect {
         }
     }
 
-    /// Locks the selected rows until commit. SQLite's transaction already
-    /// holds the one write lock.
-    fn for_update(self) -> &'static str {
-        match self {
-            Dialect::Postgres => " FOR UPDATE",
-            Dialect::Sqlite => "",
-        }
-    }
-
     /// The current time minus `param` seconds (a float parameter).
     fn now_minus_secs(self, param: &str) -> String {
         match self {
@@ -142,6 +133,18 @@ impl Dialect {
         }
     }
 
+    /// Holds the selected rows against claims (`FOR UPDATE`) until commit,
+    /// but not against the heartbeat's or the batch's own non-key
+    /// `UPDATE`s (`FOR NO KEY UPDATE`): PostgreSQL's `FOR KEY SHARE`
+    /// conflicts only with `FOR UPDATE` and key changes. SQLite's
+    /// transaction already holds the one write lock.
+    fn key_share(self) -> &'static str {
+        match self {
+            Dialect::Postgres => " FOR KEY SHARE",
+            Dialect::Sqlite => "",
+        }
+    }
+
     /// Locks the selected rows, skipping rows another transaction holds: a
     /// claim never waits behind another worker. SQLite has one writer, so
     /// its claim transaction already excludes every other.
@@ -189,7 +192,9 @@ pub(crate) struct Statements {
     /// Creates the run key's row unless it exists. `$1..$5`: pipeline,
     /// source, export type, period start, period end.
     pub insert_run: String,
-    /// Reads and locks the run key's row. `$1..$4`: the run key.
+    /// Reads and locks the run key's row, or returns nothing when another
+    /// transaction holds it (PostgreSQL: a claim never waits behind a
+    /// batch). `$1..$4`: the run key.
     pub lock_run: String,
     /// The rows of some run keys of a pipeline and export type, with what
     /// a claim would read of them, without locking (planning, dry runs).
@@ -200,6 +205,9 @@ pub(crate) struct Statements {
     /// lookback). `$1` pipeline, `$2` export type, `$3` source, `$4` limit,
     /// `$5` offset.
     pub done_starts: String,
+    /// Reads the run key's row without locking it (who holds it, when
+    /// [`Statements::lock_run`] skipped it). `$1..$4`: the run key.
+    pub read_run: String,
     /// `$1`: run ref. Marks a crashed attempt lost.
     pub lose_running_attempts: String,
     /// `$1`: run ref, `$2`: run id.
@@ -215,6 +223,9 @@ pub(crate) struct Statements {
     pub insert_attempt: String,
     /// `$1` lease seconds, `$2` run ref, `$3` attempt.
     pub heartbeat: String,
+    /// Bounds the heartbeat transaction's row-lock waits: `$1`
+    /// milliseconds (PostgreSQL's `lock_timeout`, for this transaction).
+    pub heartbeat_patience: Option<String>,
     /// `$1` run ref, `$2` attempt. The first statement of every write
     /// transaction of an attempt.
     pub fence: String,
@@ -302,7 +313,7 @@ impl Statements {
             ),
             lock_run: format!(
                 "SELECT {claim_columns} FROM _tm_runs WHERE {run_key}{}",
-                d.for_update()
+                d.skip_locked()
             ),
             key_rows: format!(
                 "SELECT r.*, CAST(CASE WHEN r.lease_expires_at > {now} THEN 1 ELSE 0 END AS BIGINT) AS lease_live,
@@ -317,6 +328,7 @@ impl Statements {
                 RunStatus::Done.as_str(),
                 d.instant("period_start"),
             ),
+            read_run: format!("SELECT {claim_columns} FROM _tm_runs WHERE {run_key}"),
             lose_running_attempts: format!(
                 "UPDATE _tm_attempts SET status = '{}', finished_at = {now}
                  WHERE run_ref = $1 AND status = '{attempt_running}'",
@@ -349,10 +361,28 @@ impl Statements {
                  WHERE id = $2 AND attempt = $3 AND status = '{running}'",
                 d.now_plus("$1")
             ),
-            fence: format!(
-                "UPDATE _tm_runs SET updated_at = {now}
-                 WHERE id = $1 AND attempt = $2 AND status = '{running}'"
-            ),
+            heartbeat_patience: match d {
+                Dialect::Postgres => {
+                    Some("SELECT set_config('lock_timeout', $1, true)".to_string())
+                }
+                Dialect::Sqlite => None,
+            },
+            fence: match d {
+                // A row lock that claims wait for (or skip) but the
+                // heartbeat does not: see `Dialect::key_share`. Under READ
+                // COMMITTED a fence that waited for a takeover's commit
+                // re-reads the new row version, finds `attempt` changed
+                // and returns nothing.
+                Dialect::Postgres => format!(
+                    "SELECT id FROM _tm_runs
+                     WHERE id = $1 AND attempt = $2 AND status = '{running}'{}",
+                    d.key_share()
+                ),
+                Dialect::Sqlite => format!(
+                    "UPDATE _tm_runs SET updated_at = {now}
+                     WHERE id = $1 AND attempt = $2 AND status = '{running}'"
+                ),
+            },
             fail_run: format!(
                 "UPDATE _tm_runs SET status = '{}', error_class = $1, error_message = $2, finished_at = {now},
                         {release}, failures = failures + 1, not_before = {}, updated_at = {now},

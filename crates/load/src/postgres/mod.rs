@@ -2,12 +2,15 @@
 //! many hosts share.
 //!
 //! Claims lock the run key's ledger row (`INSERT … ON CONFLICT DO NOTHING`,
-//! then `SELECT … FOR UPDATE`), so two workers can never both take it.
-//! Every batch transaction starts with the fencing `UPDATE` of that row,
-//! which also holds its lock until commit: a claim racing a batch waits for
-//! the batch, then supersedes the attempt, and the old attempt's next batch
-//! finds `attempt` changed and rolls back. Lease times use the database's
-//! clock, so hosts with skewed clocks agree.
+//! then `SELECT … FOR UPDATE SKIP LOCKED`), so two workers can never both
+//! take it, and a claim never waits on a locked row (it answers "held").
+//! Every batch transaction starts with the fencing `SELECT … FOR KEY SHARE`
+//! of that row, held until commit: it conflicts with a claim's `FOR UPDATE`
+//! but not with the heartbeat's `UPDATE` of the lease, so a batch that
+//! waits (on its destination table, say) keeps its lease and keeps claims
+//! out; a takeover that committed first makes the old attempt's next fence
+//! find `attempt` changed. Lease times use the database's clock, so hosts
+//! with skewed clocks agree.
 //!
 //! - `driver`: the ledger's type mapping and the data plane behind
 //!   [`crate::ledger::driver::Driver`];
@@ -120,7 +123,7 @@ impl PgStore {
         let options = PgConnectOptions::from_str(url).map_err(|e| {
             Error::config("command line", "--database-url", format!("{shown}: {e}"))
         })?;
-        let options = adjust(options);
+        let options = adjust(session_settings(options));
         let first = retry_while(
             "connecting to PostgreSQL",
             FIRST_CONNECT_DEADLINE,
@@ -199,6 +202,30 @@ impl PgStore {
                 transient: false,
             })
     }
+}
+
+/// Server settings of every session, so a holder that stopped (SIGSTOP,
+/// a paused VM) or lost its network frees the run row its open batch
+/// holds within about 20 s, below the default 30 s lease: the server ends
+/// a session idle inside a transaction, and probes a silent peer's TCP
+/// connection (10 s idle, then 3 probes 5 s apart). Statements waiting on
+/// a lock are not idle; the ledger's own waits are bounded where they are
+/// taken (claims skip locked rows, the heartbeat sets `lock_timeout`). A
+/// setting the database URL's `options` names is left as given.
+const SESSION_SETTINGS: [(&str, &str); 4] = [
+    ("idle_in_transaction_session_timeout", "20s"),
+    ("tcp_keepalives_idle", "10"),
+    ("tcp_keepalives_interval", "5"),
+    ("tcp_keepalives_count", "3"),
+];
+
+fn session_settings(options: PgConnectOptions) -> PgConnectOptions {
+    let given = options.get_options().unwrap_or_default().to_string();
+    options.options(
+        SESSION_SETTINGS
+            .into_iter()
+            .filter(|(name, _)| !given.contains(name)),
+    )
 }
 
 /// One connection attempt, bounded by [`CONNECT_TIMEOUT`].

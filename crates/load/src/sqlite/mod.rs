@@ -50,6 +50,43 @@ pub(crate) struct SqliteStore {
     wal_signal: &'static WalSignal,
     /// Opened read-only (dry runs): closing must not checkpoint.
     read_only: bool,
+    /// The space reserve beside the database file (see [`Reserve`]).
+    reserve: Option<std::sync::Arc<Reserve>>,
+}
+
+/// Space kept beside the database file (`<file>-tidemark-reserve`, 256
+/// KiB) for the ledger's last writes after the disk fills: a command whose
+/// writes fail for lack of space deletes it, and its attempts' failure
+/// records then fit, so no key is left `running`. Made again by the next
+/// command that opens the file with space to spare.
+#[derive(Debug)]
+struct Reserve {
+    path: std::path::PathBuf,
+}
+
+impl Reserve {
+    const BYTES: usize = 256 * 1024;
+
+    /// Makes the reserve unless it exists; without space, goes on without.
+    fn keep(database: &std::path::Path) -> Reserve {
+        let mut name = database.as_os_str().to_owned();
+        name.push("-tidemark-reserve");
+        let reserve = Reserve { path: name.into() };
+        if !reserve.path.exists() {
+            if let Err(e) = std::fs::write(&reserve.path, vec![0u8; Self::BYTES]) {
+                let _ = std::fs::remove_file(&reserve.path);
+                tracing::debug!(error = %e, "no space reserve beside the database file");
+            }
+        }
+        reserve
+    }
+
+    /// Gives the reserve's space back to the file system.
+    fn release(&self) {
+        if std::fs::remove_file(&self.path).is_ok() {
+            tracing::warn!(path = %self.path.display(), "released the space reserve beside the database file to record the failure");
+        }
+    }
 }
 
 impl SqliteStore {
@@ -84,6 +121,10 @@ impl SqliteStore {
             threshold: checkpoint_frames,
             notify: tokio::sync::Notify::new(),
         }));
+        // An in-memory database has no disk to fill.
+        let file = options.get_filename();
+        let reserve = (!file.as_os_str().is_empty() && file != std::path::Path::new(":memory:"))
+            .then(|| std::sync::Arc::new(Reserve::keep(file)));
         let pool = open_pool(options, wal_signal).await?;
         tokio::spawn(checkpoint_in_background(pool.clone(), wal_signal));
         let store = SqliteStore {
@@ -91,6 +132,7 @@ impl SqliteStore {
             kept: std::sync::Arc::new(Kept::new(KEPT_CONNECTIONS)),
             wal_signal,
             read_only: false,
+            reserve,
         };
         store.migrate().await?;
         Ok(store)
@@ -131,6 +173,7 @@ impl SqliteStore {
                 notify: tokio::sync::Notify::new(),
             })),
             read_only: true,
+            reserve: None,
         };
         let found: Option<String> = sqlx::query_scalar(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_tm_runs'",
@@ -160,6 +203,14 @@ impl SqliteStore {
     /// connection closes, and the pool closes its connections at once, so
     /// none of them may be "last". Waits at most 1 s for another process's
     /// transaction; its own last close checkpoints then.
+    /// Frees space for the ledger's last writes after a storage failure:
+    /// releases the [`Reserve`].
+    pub(crate) fn make_room(&self) {
+        if let Some(reserve) = &self.reserve {
+            reserve.release();
+        }
+    }
+
     pub(crate) async fn close(&self) {
         self.kept.release_all();
         if self.read_only {
