@@ -129,7 +129,9 @@ fn spawn(env: &Env, wrapper: &[&str], vars: &[(&str, &str)], args: &[&str]) -> P
         .stdin(Stdio::null())
         .stdout(fs::File::create(&stdout).expect("stdout file"))
         .stderr(fs::File::create(&stderr).expect("stderr file"));
-    let child = cmd.spawn().expect("start tidemark");
+    let child = cmd.spawn().unwrap_or_else(|e| {
+        panic!("start {wrapper:?} tidemark (scripts/test-setup.sh installs faketime): {e}")
+    });
     Proc {
         child,
         stderr,

@@ -138,6 +138,16 @@ impl Store {
         }
     }
 
+    /// Refuses new claims while the space freed by [`Store::make_room`]
+    /// is still needed for failure records (SQLite, until the disk has
+    /// room again).
+    fn room_to_claim(&self) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.room_to_claim(),
+            Backend::Postgres(_) => Ok(()),
+        }
+    }
+
     /// Applies pending ledger migrations (also done by [`Store::connect`]).
     pub async fn migrate(&self) -> Result<(), Error> {
         dispatch!(self, s => s.migrate().await)
@@ -183,6 +193,7 @@ impl Store {
 
     /// Takes the run key for a new attempt, or explains why not.
     pub async fn claim(&self, key: &RunKey, request: &ClaimRequest) -> Result<Claim, Error> {
+        self.room_to_claim()?;
         dispatch!(self, s => flow::claim(s, key, request).await)
     }
 
@@ -215,6 +226,7 @@ impl Store {
         pipelines: &[QueuePipeline],
         request: &ClaimRequest,
     ) -> Result<Option<QueuedRun>, Error> {
+        self.room_to_claim()?;
         dispatch!(self, s => flow::claim_next(s, pipelines, request).await)
     }
 

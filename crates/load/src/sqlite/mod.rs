@@ -62,6 +62,9 @@ pub(crate) struct SqliteStore {
 #[derive(Debug)]
 struct Reserve {
     path: std::path::PathBuf,
+    /// Set when this process released the reserve; cleared once it is
+    /// made again.
+    released: std::sync::atomic::AtomicBool,
 }
 
 impl Reserve {
@@ -71,20 +74,48 @@ impl Reserve {
     fn keep(database: &std::path::Path) -> Reserve {
         let mut name = database.as_os_str().to_owned();
         name.push("-tidemark-reserve");
-        let reserve = Reserve { path: name.into() };
+        let reserve = Reserve {
+            path: name.into(),
+            released: false.into(),
+        };
         if !reserve.path.exists() {
-            if let Err(e) = std::fs::write(&reserve.path, vec![0u8; Self::BYTES]) {
-                let _ = std::fs::remove_file(&reserve.path);
+            if let Err(e) = reserve.write() {
                 tracing::debug!(error = %e, "no space reserve beside the database file");
             }
         }
         reserve
     }
 
+    /// Writes the reserve file; a partial file is removed.
+    fn write(&self) -> std::io::Result<()> {
+        std::fs::write(&self.path, vec![0u8; Self::BYTES]).inspect_err(|_| {
+            let _ = std::fs::remove_file(&self.path);
+        })
+    }
+
     /// Gives the reserve's space back to the file system.
     fn release(&self) {
+        use std::sync::atomic::Ordering;
         if std::fs::remove_file(&self.path).is_ok() {
-            tracing::warn!(path = %self.path.display(), "released the space reserve beside the database file to record the failure");
+            self.released.store(true, Ordering::SeqCst);
+            tracing::warn!(path = %self.path.display(), "released the space reserve beside the database file to record the failure; no new work is claimed until it can be made again");
+        }
+    }
+
+    /// After a release: makes the reserve again, when the disk has room.
+    /// Whether the reserve is in place (or was never released here).
+    fn restore(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if !self.released.load(Ordering::SeqCst) {
+            return true;
+        }
+        match self.write() {
+            Ok(()) => {
+                self.released.store(false, Ordering::SeqCst);
+                tracing::info!(path = %self.path.display(), "made the space reserve again; claiming work again");
+                true
+            }
+            Err(_) => false,
         }
     }
 }
@@ -198,19 +229,36 @@ impl SqliteStore {
         Ok(Some(store))
     }
 
-    /// Checkpoints the WAL into the database file and empties it, then
-    /// closes the pool. SQLite does this on its own only when the last
-    /// connection closes, and the pool closes its connections at once, so
-    /// none of them may be "last". Waits at most 1 s for another process's
-    /// transaction; its own last close checkpoints then.
     /// Frees space for the ledger's last writes after a storage failure:
-    /// releases the [`Reserve`].
+    /// releases the [`Reserve`]. Until the reserve can be made again, no
+    /// new work is claimed ([`SqliteStore::room_to_claim`]): a claim would
+    /// take the freed space from the failure records it is for.
     pub(crate) fn make_room(&self) {
         if let Some(reserve) = &self.reserve {
             reserve.release();
         }
     }
 
+    /// Whether new work may be claimed: not after the reserve was released
+    /// for a storage failure, until the disk has room to make it again.
+    pub(crate) fn room_to_claim(&self) -> Result<(), Error> {
+        match &self.reserve {
+            Some(reserve) if !reserve.restore() => Err(Error::Storage {
+                message: format!(
+                    "database or disk is full: no new work is claimed until {} can be made again ({} KiB kept for recording failures)",
+                    reserve.path.display(),
+                    Reserve::BYTES / 1024
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checkpoints the WAL into the database file and empties it, then
+    /// closes the pool. SQLite does this on its own only when the last
+    /// connection closes, and the pool closes its connections at once, so
+    /// none of them may be "last". Waits at most 1 s for another process's
+    /// transaction; its own last close checkpoints then.
     pub(crate) async fn close(&self) {
         self.kept.release_all();
         if self.read_only {
