@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use tidemark_core::Error;
 
-use crate::engine::Outcome;
+use tidemark_engine::Outcome;
 
 /// What the contract's exit codes mean, ordered from best to worst, so
 /// that the worst of several outcomes is their maximum.
@@ -67,6 +67,20 @@ impl Exit {
             Exit::Held => 75,
             Exit::Aborted { signal } => 128 + signal,
         }
+    }
+}
+
+/// A configuration error of the engine named by what was passed (`key`
+/// "source", "pipelines folder", ...), named by the command-line flag that
+/// passed it instead: the library does not know its caller's flags.
+pub fn flag(error: Error, flag: &str) -> Error {
+    match error {
+        Error::Config { file, message, .. } => Error::Config {
+            file,
+            key: flag.to_string(),
+            message,
+        },
+        other => other,
     }
 }
 
