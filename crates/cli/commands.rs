@@ -96,7 +96,8 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
 /// The sources a command names (`--source`), or all; the flag is named in
 /// the error.
 fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Error> {
-    tidemark_engine::source_ids(pipeline, only).map_err(|e| crate::exit::flag(e, "--source"))
+    tidemark_engine::source_ids(pipeline, only)
+        .map_err(|e| crate::exit::flag(e, "source", "--source"))
 }
 
 async fn run(
@@ -277,7 +278,7 @@ fn pipelines_in_folder(setup: &Setup<'_>, dry_run: bool) -> Result<Vec<Pipeline>
     setup
         .catalog
         .files()
-        .map_err(|e| crate::exit::flag(e, "--pipelines"))?
+        .map_err(|e| crate::exit::flag(e, "pipelines folder", "--pipelines"))?
         .iter()
         .map(|p| setup.load_for(&p.display().to_string(), dry_run))
         .collect()

@@ -70,12 +70,13 @@ impl Exit {
     }
 }
 
-/// A configuration error of the engine named by what was passed (`key`
-/// "source", "pipelines folder", ...), named by the command-line flag that
-/// passed it instead: the library does not know its caller's flags.
-pub fn flag(error: Error, flag: &str) -> Error {
+/// A configuration error the engine names by what was passed (its key is
+/// `passed`: "source", "pipelines folder"), named by the command-line flag
+/// that passed it instead: the library does not know its caller's flags.
+/// Any other error is returned as it is.
+pub fn flag(error: Error, passed: &str, flag: &str) -> Error {
     match error {
-        Error::Config { file, message, .. } => Error::Config {
+        Error::Config { file, key, message } if key == passed => Error::Config {
             file,
             key: flag.to_string(),
             message,

@@ -23,7 +23,7 @@ pub async fn serve(setup: &Setup<'_>, args: ServeArgs) -> Result<Exit, Error> {
     // configuration error touches nothing.
     config
         .check(setup.clock.now())
-        .map_err(|e| crate::exit::flag(e, "--pipelines"))?;
+        .map_err(|e| crate::exit::flag(e, "pipelines folder", "--pipelines"))?;
     let engine = setup.engine(
         Store::connect(&setup.global.database_url).await?,
         crate::signals::on_signals(args.shutdown_timeout),
@@ -32,7 +32,7 @@ pub async fn serve(setup: &Setup<'_>, args: ServeArgs) -> Result<Exit, Error> {
         Ok(service) => service,
         Err(e) => {
             engine.close().await;
-            return Err(crate::exit::flag(e, "--pipelines"));
+            return Err(crate::exit::flag(e, "pipelines folder", "--pipelines"));
         }
     };
     // Listening before anything is logged, so a SIGHUP sent once `serving`

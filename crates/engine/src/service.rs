@@ -1,20 +1,21 @@
-//! `tidemark serve`: the long-running service. The ledger is the work
-//! queue, shared by any number of `serve` processes on any hosts through
-//! one database; there is no broker.
+//! The long-running service (`tidemark serve`). The ledger is the work
+//! queue, shared by any number of services on any hosts through one
+//! database; there is no broker.
 //!
-//! - The **scheduler** (unless `--no-schedule`) queues, at each fire of a
+//! - The **scheduler** (unless configured off) queues, at each fire of a
 //!   pipeline's `[schedule]`, what is due (the same decision as `sync`,
-//!   [`crate::due`]). Queuing is idempotent, so N schedulers firing together
+//!   [`crate::plan`]). Queuing is idempotent, so N schedulers firing together
 //!   queue each key once.
-//! - **Workers** (`--workers N` slots for the whole process) claim queued
+//! - **Workers** (`workers` slots for the whole process) claim queued
 //!   keys, highest rank first (priority as a head start, so waiting ages a
 //!   key), and run each exactly as `run` would. On PostgreSQL a claim skips
 //!   keys other claims hold and idle workers wake on LISTEN/NOTIFY; a key
 //!   whose holder died is claimed again at once (same host, process gone) or
 //!   once its lease has run out.
-//! - **Signals**: the first SIGTERM/SIGINT stops claiming and hands the
-//!   keys in flight back after their current batch; SIGHUP re-reads the
-//!   pipeline files (a broken one is logged and its old definition kept).
+//! - **Stopping**: the engine's [`crate::Shutdown`] stops claiming and
+//!   hands the keys in flight back after their current batch;
+//!   [`Reloader::reload`] (the binary's SIGHUP) re-reads the pipeline files
+//!   (a broken one is logged and its old definition kept).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
