@@ -3,20 +3,20 @@
 //! Every struct denies unknown keys: a misspelt `on_mising` must be an
 //! error, not a silently ignored safety rail. [`Pipeline::load`] names the
 //! file and the offending key in every error.
-
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-pub use bytesize::ByteSize;
-use chrono_tz::Tz;
-pub use fields::{Added, FieldSpec};
-use indexmap::IndexMap;
-pub use load::{DuplicateKeyPolicy, LoadSpec, OnMissing};
-use serde::Deserialize;
-
-use crate::error::Error;
-use crate::period::{Granularity, Period};
-use crate::template::Template;
+//!
+//! This module holds the file as a whole: [`PipelineSpec`], `[period]`, and
+//! the loaded [`Pipeline`] with what is derived from it (the due periods,
+//! the command-line periods, the environment check). Each other section
+//! lives in its own child module with its checks beside it, and everything
+//! is re-exported here, so `tidemark_core::spec::X` names every type:
+//!
+//! - `source`: `[[sources]]` (file and HTTP transports, pagination);
+//! - `fields`: `[fields]` (types, `added` for schema evolution);
+//! - `load`: `[load]` (table, key, reconciliation, memory budget);
+//! - `retry`: `[retry]` and the backoff policy;
+//! - `schedule`: `[schedule]` (interval or cron);
+//! - `names`: the identifier rules both databases impose;
+//! - `check`: the shared `Checker` and the bounds of durations and numbers.
 
 mod check;
 mod fields;
@@ -26,10 +26,24 @@ mod retry;
 mod schedule;
 mod source;
 
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono_tz::Tz;
+use indexmap::IndexMap;
+use serde::Deserialize;
+
+use crate::error::Error;
+use crate::period::{Granularity, Period};
+use crate::template::Template;
 use check::{Checker, EVERY, LAG};
+use schedule::parse_cron;
+
+pub use bytesize::ByteSize;
+pub use fields::{Added, FieldSpec};
+pub use load::{DuplicateKeyPolicy, LoadSpec, OnMissing};
 pub use names::{MAX_IDENTIFIER, RUN_KEY_INDEX_SUFFIX};
 pub use retry::{RetryPolicy, RetrySpec};
-use schedule::parse_cron;
 pub use schedule::{Schedule, ScheduleSpec, SCHEDULE_HORIZON_YEARS};
 pub use source::{
     ExpectCount, FileSourceSpec, Format, HttpSourceSpec, MissingPolicy, Pagination, RateLimit,
@@ -307,6 +321,9 @@ impl Pipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // A good pipeline and the helpers that parse variants of it; the tests
+    // of the child modules share them (`crate::spec::tests::GOOD`).
 
     pub(super) const GOOD: &str = r#"
 name = "orders"

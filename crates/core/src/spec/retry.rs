@@ -1,9 +1,9 @@
 //! `[retry]`: how often, and after how long a pause, a transient failure
 //! is tried again.
 //!
-//! Separate because it is the one section that runs beyond loading: the
-//! HTTP extractor, the loader and the engine all retry through
-//! [`RetryPolicy`], which computes each delay from the checked spec.
+//! Separate because the policy is more than the spec (it computes each
+//! delay) and is shared by everything that talks to the outside: the HTTP
+//! extractor, the loader and the engine all retry through [`RetryPolicy`].
 
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 //! server from running away with a period.
 //!
 //! Separate because sources are the largest section and the only one with
-//! variants (`transport = "file"` or `"http"`, pagination styles), and the
-//! extract crate is the one reader of everything here.
+//! variants (`transport = "file"` or `"http"`, five pagination styles),
+//! each variant with checks of its own.
 
 use bytesize::ByteSize;
 use indexmap::IndexMap;
