@@ -17,6 +17,7 @@ mod hardening_planning;
 mod hardening_queue;
 mod hardening_storage;
 mod http;
+mod library;
 mod memory_budget;
 mod ownership;
 mod rate_limits;

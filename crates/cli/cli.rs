@@ -202,14 +202,20 @@ pub enum Only {
 }
 
 impl Only {
+    /// The engine's selection of the same name.
+    pub fn selection(self) -> tidemark_engine::plan::Only {
+        use tidemark_engine::plan::Only as Selection;
+        match self {
+            Only::Failed => Selection::Failed,
+            Only::Missing => Selection::Missing,
+            Only::Stale => Selection::Stale,
+            Only::All => Selection::All,
+        }
+    }
+
     /// The name on the command line.
     pub fn name(self) -> &'static str {
-        match self {
-            Only::Failed => "failed",
-            Only::Missing => "missing",
-            Only::Stale => "stale",
-            Only::All => "all",
-        }
+        self.selection().name()
     }
 }
 
@@ -336,6 +342,23 @@ pub enum StatusOnly {
     Stale,
     /// Done while its period was still open.
     Provisional,
+}
+
+impl StatusOnly {
+    /// The engine's filter of the same name.
+    pub fn filter(self) -> tidemark_engine::status::StatusFilter {
+        use tidemark_engine::status::StatusFilter as F;
+        match self {
+            StatusOnly::Pending => F::Pending,
+            StatusOnly::Running => F::Running,
+            StatusOnly::Done => F::Done,
+            StatusOnly::Failed => F::Failed,
+            StatusOnly::Cancelled => F::Cancelled,
+            StatusOnly::Missing => F::Missing,
+            StatusOnly::Stale => F::Stale,
+            StatusOnly::Provisional => F::Provisional,
+        }
+    }
 }
 
 #[derive(Debug, Args)]

@@ -1,47 +1,27 @@
-//! The clock that decides what is due: one place, so that `run`,
-//! `backfill`, `sync`, their dry runs and `serve`'s scheduler all agree on
-//! "now" (which periods are closed, when a failed key may run again).
-//!
-//! `TIDEMARK_NOW` (an RFC 3339 time), when set, is the instant the process
-//! starts at; the clock then runs on from it in real time, so a `serve`
-//! started with it still sees its schedules fire. Tests and dry runs use it
-//! to ask what tidemark would do at another moment (is the period open,
-//! what would `sync` run tomorrow at 03:00), for every command and for
-//! `serve`'s workers (which claim only due keys, or keys continuing a
-//! provisional attempt). It moves nothing else: leases, lease expiry,
-//! failure back-offs and every time stored in the ledger come from the
-//! database's clock, which no variable can fake (ADR 0012).
+//! `TIDEMARK_NOW`: the binary's way to set the engine's clock (an RFC 3339
+//! time the process starts at; the clock then runs on from it in real
+//! time, so a `serve` started with it still sees its schedules fire).
+//! Tests and dry runs use it to ask what tidemark would do at another
+//! moment. The engine itself never reads the environment: it is given a
+//! [`Clock`].
 
-use std::sync::OnceLock;
-use std::time::Instant;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use tidemark_core::Error;
+use tidemark_engine::{Clock, ShiftedClock, SystemClock};
 
-/// The environment variable that overrides [`now`].
+/// The environment variable that sets the clock.
 pub const NOW_VARIABLE: &str = "TIDEMARK_NOW";
 
-/// `TIDEMARK_NOW` and when the process read it; read once.
-type Start = Option<(DateTime<Utc>, Instant)>;
-
-static START: OnceLock<Result<Start, Error>> = OnceLock::new();
-
-/// The current time, or the time `TIDEMARK_NOW` sets, run on since the
-/// process read it. A value that is not an RFC 3339 time is a
-/// configuration error naming the variable, never a silent fallback to the
-/// real clock.
-pub fn now() -> Result<DateTime<Utc>, Error> {
-    let start = START.get_or_init(|| match std::env::var(NOW_VARIABLE) {
-        Err(std::env::VarError::NotPresent) => Ok(None),
+/// The system clock, or the one `TIDEMARK_NOW` sets. A value that is not
+/// an RFC 3339 time is a configuration error naming the variable, never a
+/// silent fallback to the real clock.
+pub fn from_env() -> Result<Arc<dyn Clock>, Error> {
+    match std::env::var(NOW_VARIABLE) {
+        Err(std::env::VarError::NotPresent) => Ok(Arc::new(SystemClock)),
         Err(std::env::VarError::NotUnicode(_)) => Err(bad_value("a value that is not UTF-8")),
-        Ok(text) => parse(&text).map(|at| Some((at, Instant::now()))),
-    });
-    match start {
-        Ok(None) => Ok(Utc::now()),
-        Ok(Some((at, read))) => {
-            Ok(*at + chrono::Duration::from_std(read.elapsed()).unwrap_or_default())
-        }
-        Err(error) => Err(error.clone()),
+        Ok(text) => Ok(Arc::new(ShiftedClock::starting_at(parse(&text)?))),
     }
 }
 

@@ -1,47 +1,89 @@
 //! One function per command. Pipelines are loaded and checked before any
 //! database is opened, so a configuration error touches nothing.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use tidemark_core::{Error, ErrorClass, Period, Pipeline, RawRecord, RunKey};
-use tidemark_load::{EnqueuedBy, RunStatus, Store, WorkerId};
+use tidemark_core::{Error, ErrorClass, Period, Pipeline, RawRecord};
+use tidemark_engine::plan::{self, Ask, PeriodRange, Planner};
+use tidemark_engine::{
+    Catalog, Clock, Engine, Outcome, RunEvent, RunMany, Shutdown, Target, ABSENT_NOTE,
+};
+use tidemark_load::Store;
 
 use crate::cli::{
-    BackfillArgs, CancelArgs, Cli, Command, Global, PruneArgs, RunArgs, RunOptions, SyncArgs,
-    ValidateArgs,
+    BackfillArgs, CancelArgs, Cli, Command, Global, PruneArgs, RunArgs, SyncArgs, ValidateArgs,
 };
-use crate::dry_run::{self, Target};
-use crate::engine::{Context, Job, Outcome, RunFlags};
 use crate::exit::Exit;
-use crate::output;
-use crate::plan::{self, Ask, Intent, PeriodRange, Planned, Planner};
-use crate::prepare::ABSENT_NOTE;
-use crate::shutdown;
+use crate::{output, preview, signals};
+
+/// What every command reads before it touches anything: the clock that
+/// decides what is due (`TIDEMARK_NOW`, or the system's) and the folder
+/// pipeline names are looked up in.
+pub struct Setup<'a> {
+    pub global: &'a Global,
+    pub clock: Arc<dyn Clock>,
+    pub catalog: Catalog,
+}
+
+impl Setup<'_> {
+    /// Loads and checks a pipeline without its secrets (`status`,
+    /// `cancel`, `backfill --enqueue`).
+    pub fn load(&self, name: &str) -> Result<Pipeline, Error> {
+        self.catalog.load(name, self.clock.now())
+    }
+
+    /// Loads a pipeline that is about to contact its sources: every
+    /// `${ENV}` its templates read must be set.
+    pub fn load_runnable(&self, name: &str) -> Result<Pipeline, Error> {
+        self.catalog.load_runnable(name, self.clock.now())
+    }
+
+    /// Loads a pipeline for `run`, `backfill` or `sync`. A dry run contacts
+    /// no source, so an unset `${NAME}` does not stop it; it is reported,
+    /// because the real command would stop there (exit 2).
+    fn load_for(&self, name: &str, dry_run: bool) -> Result<Pipeline, Error> {
+        if !dry_run {
+            return self.load_runnable(name);
+        }
+        let pipeline = self.load(name)?;
+        if let Err(e) = pipeline.check_env() {
+            tell!("warning: {e} (without --dry-run the command would stop here, with exit 2)");
+        }
+        Ok(pipeline)
+    }
+
+    /// The engine over `store` for this command, stopping on `shutdown`.
+    pub fn engine(&self, store: Store, shutdown: Shutdown) -> Engine {
+        Engine::builder(store)
+            .lease_ttl(self.global.lease_ttl)
+            .clock(Arc::clone(&self.clock))
+            .shutdown(shutdown)
+            .build()
+    }
+}
 
 /// Runs the command; `Ok(exit)` once something ran. Commands that run
 /// periods stop gracefully on a first SIGTERM/SIGINT.
 pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
     let global = &cli.global;
-    let ctx = |timeout| Context {
-        shutdown: shutdown::on_signals(timeout),
-        lease_ttl: global.lease_ttl,
+    let setup = Setup {
+        global,
+        clock: crate::clock::from_env()?,
+        catalog: Catalog::new(&global.pipelines),
     };
+    let signals = || signals::on_signals(signals::DEFAULT_TIMEOUT);
     match cli.command {
-        Command::Run(args) => run(global, args, &ctx(shutdown::DEFAULT_TIMEOUT)).await,
-        Command::Backfill(args) if args.enqueue => enqueue(global, args).await,
-        Command::Backfill(args) => backfill(global, args, &ctx(shutdown::DEFAULT_TIMEOUT)).await,
-        Command::Sync(args) => sync(global, args, &ctx(shutdown::DEFAULT_TIMEOUT)).await,
-        Command::Serve(args) => {
-            let ctx = ctx(args.shutdown_timeout);
-            crate::serve::serve(global, args, ctx).await
-        }
-        Command::Cancel(args) => cancel(global, args).await,
-        Command::Status(args) => crate::status::status(&cli.global, args).await,
-        Command::Validate(args) => validate(&cli.global, &args).await,
-        Command::Prune(args) => prune(&cli.global, args).await,
+        Command::Run(args) => run(&setup, args, signals).await,
+        Command::Backfill(args) if args.enqueue => enqueue(&setup, args).await,
+        Command::Backfill(args) => backfill(&setup, args, signals).await,
+        Command::Sync(args) => sync(&setup, args, signals).await,
+        Command::Serve(args) => crate::serve::serve(&setup, args).await,
+        Command::Cancel(args) => cancel(&setup, args).await,
+        Command::Status(args) => crate::status::status(&setup, args).await,
+        Command::Validate(args) => validate(&setup, &args).await,
+        Command::Prune(args) => prune(global, args).await,
         Command::Migrate => {
-            Store::connect(&cli.global.database_url)
+            Store::connect(&global.database_url)
                 .await?
                 .migrate()
                 .await?;
@@ -51,131 +93,61 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
     }
 }
 
-/// `NAME` → `DIR/NAME.toml`; anything ending in `.toml` is a path.
-pub fn pipeline_path(global: &Global, name: &str) -> PathBuf {
-    if name.ends_with(".toml") || name.contains('/') {
-        PathBuf::from(name)
-    } else {
-        global.pipelines.join(format!("{name}.toml"))
+/// The sources a command names (`--source`), or all; the flag is named in
+/// the error.
+fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Error> {
+    tidemark_engine::source_ids(pipeline, only)
+        .map_err(|e| crate::exit::flag(e, "source", "--source"))
+}
+
+async fn run(
+    setup: &Setup<'_>,
+    args: RunArgs,
+    signals: impl FnOnce() -> Shutdown,
+) -> Result<Exit, Error> {
+    let pipeline = Arc::new(setup.load_for(&args.pipeline, args.dry_run)?);
+    let period = PeriodRange::one(pipeline.period(&args.period)?);
+    let sources = source_ids(&pipeline, args.options.source.as_deref())?;
+    let now = setup.clock.now();
+    plan::refuse_open(&pipeline, period, "--period", now, args.allow_open)?;
+    let ask = Ask::Periods {
+        range: period,
+        only: None,
+        force: args.options.force,
+    };
+    let target = Target {
+        pipeline,
+        sources,
+        ask,
+    };
+    if args.dry_run {
+        return preview::show(setup, vec![target], &args.options).await;
     }
-}
-
-/// Loads and checks a pipeline, without its secrets: what commands that
-/// only read or tidy the ledger need (`status`). An unset `${NAME}`
-/// matters only to commands that contact the source.
-///
-/// The clock is part of the configuration every command loads: a
-/// `TIDEMARK_NOW` that is no time, or a schedule that does not fire after
-/// it, stops the command here (exit 2) before any database is opened, and
-/// keeps `serve`'s previous definition on a SIGHUP.
-pub fn load_pipeline(global: &Global, name: &str) -> Result<Pipeline, Error> {
-    let pipeline = read_pipeline(global, name)?;
-    pipeline.check_schedule(crate::clock::now()?)?;
-    Ok(pipeline)
-}
-
-fn read_pipeline(global: &Global, name: &str) -> Result<Pipeline, Error> {
-    let path = pipeline_path(global, name);
-    if !path.exists() {
-        return Err(Error::config(
-            path.display().to_string(),
-            "(file)",
-            format!(
-                "no pipeline file (looked for {}; pass a name from {} or a path to a .toml file)",
-                path.display(),
-                global.pipelines.display()
-            ),
-        ));
+    let store = Store::connect(&setup.global.database_url).await?;
+    let engine = setup.engine(store, signals());
+    let planner = engine.plan(target.pipeline, target.sources, target.ask);
+    let how = RunMany {
+        concurrency: 1,
+        force_deletes: args.options.force_deletes,
+        wait: args.wait,
+    };
+    let mut exits = Vec::new();
+    let fed = run_planned(
+        &engine,
+        planner.map(|p| vec![p]),
+        how,
+        false,
+        |key, outcome| {
+            output::print_outcome(key, outcome);
+            exits.push(Exit::of_outcome(outcome));
+        },
+    )
+    .await;
+    engine.close().await;
+    match fed.error {
+        Some(error) => Err(error),
+        None => Ok(Exit::worst(exits)),
     }
-    Pipeline::load(&path)
-}
-
-/// Loads a pipeline that is about to contact its sources: every `${ENV}`
-/// its templates read must be set.
-pub fn load_runnable(global: &Global, name: &str) -> Result<Pipeline, Error> {
-    let pipeline = load_pipeline(global, name)?;
-    pipeline.check_env()?;
-    Ok(pipeline)
-}
-
-/// Loads a pipeline for `run`, `backfill` or `sync`. A dry run contacts no
-/// source, so an unset `${NAME}` does not stop it; it is reported, because
-/// the real command would stop there (exit 2).
-fn load_for(global: &Global, name: &str, dry_run: bool) -> Result<Pipeline, Error> {
-    if !dry_run {
-        return load_runnable(global, name);
-    }
-    let pipeline = load_pipeline(global, name)?;
-    if let Err(e) = pipeline.check_env() {
-        tell!("warning: {e} (without --dry-run the command would stop here, with exit 2)");
-    }
-    Ok(pipeline)
-}
-
-pub(crate) fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Error> {
-    match only {
-        None => Ok(pipeline
-            .spec
-            .sources
-            .iter()
-            .map(|s| s.id().to_string())
-            .collect()),
-        Some(id) if pipeline.source(id).is_some() => Ok(vec![id.to_string()]),
-        Some(id) => Err(Error::config(
-            pipeline.file_name(),
-            "--source",
-            format!(
-                "no source with id {id:?} (sources: {})",
-                source_ids(pipeline, None)?.join(", ")
-            ),
-        )),
-    }
-}
-
-/// This process as a lease holder: host, pid and an id of this start, the
-/// same for every run of the process.
-pub(crate) fn worker() -> WorkerId {
-    static WORKER: std::sync::OnceLock<WorkerId> = std::sync::OnceLock::new();
-    WORKER
-        .get_or_init(|| WorkerId {
-            host: gethostname::gethostname().to_string_lossy().into_owned(),
-            pid: std::process::id(),
-            instance: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
-        })
-        .clone()
-}
-
-/// The flags a planned run key's job runs with.
-pub(crate) fn flags_of(planned: &Planned, options: &RunOptions, wait: bool) -> RunFlags {
-    RunFlags {
-        force: matches!(planned.intent, Intent::Claim(Some(_))),
-        force_deletes: options.force_deletes,
-        wait,
-        provisional: planned.provisional,
-    }
-}
-
-/// The jobs of a page of a plan: one per run key it claims.
-fn jobs(
-    store: &Store,
-    pipeline: &Arc<Pipeline>,
-    planned: &[Planned],
-    options: &RunOptions,
-    wait: bool,
-) -> Vec<Job> {
-    let worker = worker();
-    planned
-        .iter()
-        .filter(|p| matches!(p.intent, Intent::Claim(_)))
-        .map(|p| Job {
-            store: store.clone(),
-            pipeline: Arc::clone(pipeline),
-            source_id: p.source.clone(),
-            key: p.key.clone(),
-            worker: worker.clone(),
-            flags: flags_of(p, options, wait),
-        })
-        .collect()
 }
 
 /// How far a streamed plan got: the keys it planned, the jobs it made of
@@ -187,111 +159,27 @@ struct Fed {
     error: Option<Error>,
 }
 
-/// The jobs of `planners`' plans (one after the other), a page at a time as
-/// the runs take them: a backfill or `sync` of a million periods holds a
-/// page of jobs, not a million (ADR 0014). A page whose ledger read fails
-/// (after the retries) ends the stream; `fed` keeps the error.
-fn job_pages<'a>(
-    store: &'a Store,
-    planners: Vec<Planner>,
-    options: &'a RunOptions,
-    wait: bool,
-    fed: &'a std::sync::Mutex<Fed>,
-) -> impl futures_util::Stream<Item = Vec<Job>> + 'a {
-    let planners: std::collections::VecDeque<Planner> = planners.into();
-    futures_util::stream::unfold(planners, move |mut planners| async move {
-        loop {
-            let planner = planners.front_mut()?;
-            match planner.next_page().await {
-                Ok(Some(page)) => {
-                    let jobs = jobs(store, planner.pipeline(), &page, options, wait);
-                    if let Ok(mut fed) = fed.lock() {
-                        fed.keys += page.len();
-                        fed.jobs += jobs.len();
-                    }
-                    return Some((jobs, planners));
-                }
-                Ok(None) => {
-                    planners.pop_front();
-                }
-                Err(e) => {
-                    if let Ok(mut fed) = fed.lock() {
-                        fed.error = Some(e);
-                    }
-                    return None;
-                }
+/// Runs what `planners` plan with [`Engine::run_many`] (with a progress
+/// bar when `progress` and stderr is a terminal), handing each outcome to
+/// `each` as its run finishes instead of keeping them all: a backfill's
+/// summary streams. A ledger read that stops the plan is kept in
+/// [`Fed::error`], after the runs of the pages before it.
+async fn run_planned(
+    engine: &Engine,
+    planners: Result<Vec<Planner>, Error>,
+    how: RunMany,
+    progress: bool,
+    mut each: impl FnMut(&tidemark_core::RunKey, &Outcome),
+) -> Fed {
+    let planners = match planners {
+        Ok(planners) => planners,
+        Err(error) => {
+            return Fed {
+                error: Some(error),
+                ..Fed::default()
             }
         }
-    })
-}
-
-async fn run(global: &Global, args: RunArgs, ctx: &Context) -> Result<Exit, Error> {
-    let pipeline = Arc::new(load_for(global, &args.pipeline, args.dry_run)?);
-    let period = PeriodRange::one(pipeline.period(&args.period)?);
-    let sources = source_ids(&pipeline, args.options.source.as_deref())?;
-    let now = crate::clock::now()?;
-    plan::refuse_open(&pipeline, period, "--period", now, args.allow_open)?;
-    let ask = Ask::Periods {
-        range: period,
-        only: None,
-        force: args.options.force,
     };
-    if args.dry_run {
-        let target = Target {
-            pipeline,
-            sources,
-            ask,
-        };
-        return dry_run::show(global, vec![target], &args.options, now).await;
-    }
-    let store = Store::connect(&global.database_url).await?;
-    // One period: its plan is one page.
-    let planned = async {
-        let mut planner = Planner::new(
-            Some(store.clone()),
-            Arc::clone(&pipeline),
-            sources,
-            ask,
-            now,
-            false,
-        )?;
-        let mut planned = Vec::new();
-        while let Some(page) = planner.next_page().await? {
-            planned.extend(page);
-        }
-        Ok::<_, Error>(planned)
-    }
-    .await;
-    let mut exits = Vec::new();
-    let planned = match planned {
-        Ok(planned) => planned,
-        Err(e) => {
-            store.close().await;
-            return Err(e);
-        }
-    };
-    for job in jobs(&store, &pipeline, &planned, &args.options, args.wait) {
-        let key = job.key.clone();
-        let outcome = job.run(ctx).await;
-        output::print_outcome(&key, &outcome);
-        exits.push(Exit::of_outcome(&outcome));
-    }
-    store.close().await;
-    Ok(Exit::worst(exits))
-}
-
-/// Runs jobs `concurrency` at a time (with a progress bar when `progress`
-/// and stderr is a terminal), handing each outcome to `each` as its run
-/// finishes instead of keeping them all: a backfill's summary streams. The
-/// jobs come a page at a time (see [`job_pages`]): the next page is planned
-/// when the runs need it.
-pub async fn run_jobs(
-    pages: impl futures_util::Stream<Item = Vec<Job>>,
-    concurrency: usize,
-    progress: bool,
-    ctx: &Context,
-    mut each: impl FnMut(RunKey, Outcome),
-) {
     use futures_util::StreamExt;
 
     let progress = if progress {
@@ -299,43 +187,25 @@ pub async fn run_jobs(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    // A run that finds the database unable to store anything more stops
-    // the command from claiming further work: every other period would fail
-    // the same way (or wait on locks), and nothing is gained by trying.
-    let stopped: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-    let stopped = &stopped;
-    let bar = progress.clone();
-    let jobs = pages.flat_map(move |page| {
-        bar.inc_length(page.len() as u64);
-        futures_util::stream::iter(page)
-    });
-    let outcomes = jobs
-        .map(|job| {
-            let progress = progress.clone();
-            async move {
-                let key = job.key.clone();
-                let reason = stopped.lock().ok().and_then(|s| s.clone());
-                let outcome = match reason {
-                    Some(reason) => Outcome::NotRun { reason },
-                    None => job.run(ctx).await,
-                };
-                if let Outcome::Failed(error @ Error::Storage { .. }) = &outcome {
-                    if let Ok(mut stop) = stopped.lock() {
-                        stop.get_or_insert_with(|| {
-                            format!("stopped claiming work after {key} failed: {error}")
-                        });
-                    }
-                }
-                progress.inc(1);
-                (key, outcome)
+    let mut fed = Fed::default();
+    let events = engine.run_many(planners, how);
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            RunEvent::Planned { keys, jobs } => {
+                fed.keys += keys;
+                fed.jobs += jobs;
+                progress.inc_length(jobs as u64);
             }
-        })
-        .buffer_unordered(concurrency.max(1));
-    let mut outcomes = std::pin::pin!(outcomes);
-    while let Some((key, outcome)) = outcomes.next().await {
-        progress.suspend(|| each(key, outcome));
+            RunEvent::Ran(ran) => {
+                progress.inc(1);
+                progress.suspend(|| each(&ran.key, &ran.outcome));
+            }
+            RunEvent::PlanFailed(e) => fed.error = Some(e),
+        }
     }
     progress.finish_and_clear();
+    fed
 }
 
 /// The periods `--from` to `--to` name, both included.
@@ -344,15 +214,20 @@ fn backfill_periods(pipeline: &Pipeline, args: &BackfillArgs) -> Result<PeriodRa
     Ok(PeriodRange { from, to })
 }
 
-async fn backfill(global: &Global, args: BackfillArgs, ctx: &Context) -> Result<Exit, Error> {
-    let pipeline = Arc::new(load_for(global, &args.pipeline, args.dry_run)?);
+async fn backfill(
+    setup: &Setup<'_>,
+    args: BackfillArgs,
+    signals: impl FnOnce() -> Shutdown,
+) -> Result<Exit, Error> {
+    let global = setup.global;
+    let pipeline = Arc::new(setup.load_for(&args.pipeline, args.dry_run)?);
     let range = backfill_periods(&pipeline, &args)?;
     let sources = source_ids(&pipeline, args.options.source.as_deref())?;
-    let now = crate::clock::now()?;
+    let now = setup.clock.now();
     plan::refuse_open(&pipeline, range, "--to", now, args.allow_open)?;
     let ask = Ask::Periods {
         range,
-        only: args.only,
+        only: args.only.map(crate::cli::Only::selection),
         force: args.options.force,
     };
     if args.dry_run {
@@ -361,20 +236,28 @@ async fn backfill(global: &Global, args: BackfillArgs, ctx: &Context) -> Result<
             sources,
             ask,
         };
-        return dry_run::show(global, vec![target], &args.options, now).await;
+        return preview::show(setup, vec![target], &args.options).await;
     }
     let store = Store::connect(&global.database_url).await?;
-    let planner = Planner::new(Some(store.clone()), pipeline, sources, ask, now, false)?;
-    let concurrency = crate::cli::concurrency(args.concurrency, &global.database_url);
+    let engine = setup.engine(store, signals());
+    let planner = engine.plan(pipeline, sources, ask);
+    let how = RunMany {
+        concurrency: crate::cli::concurrency(args.concurrency, &global.database_url),
+        force_deletes: args.options.force_deletes,
+        wait: false,
+    };
     let mut summary = output::Summary::default();
-    let fed = std::sync::Mutex::new(Fed::default());
-    let pages = job_pages(&store, vec![planner], &args.options, false, &fed);
-    run_jobs(pages, concurrency, true, ctx, |key, outcome| {
-        summary.add(&key, &outcome);
-    })
+    let fed = run_planned(
+        &engine,
+        planner.map(|p| vec![p]),
+        how,
+        true,
+        |key, outcome| {
+            summary.add(key, outcome);
+        },
+    )
     .await;
-    store.close().await;
-    let fed = fed.into_inner().unwrap_or_default();
+    engine.close().await;
     let exit = summary.finish();
     if let Some(error) = fed.error {
         return Err(error);
@@ -390,38 +273,29 @@ async fn backfill(global: &Global, args: BackfillArgs, ctx: &Context) -> Result<
 }
 
 /// Every pipeline file in the pipelines folder, loaded and checked (for a
-/// dry run without requiring their secrets: see [`load_for`]).
-fn pipelines_in_folder(global: &Global, dry_run: bool) -> Result<Vec<Pipeline>, Error> {
-    pipeline_files(&global.pipelines)?
+/// dry run without requiring their secrets).
+fn pipelines_in_folder(setup: &Setup<'_>, dry_run: bool) -> Result<Vec<Pipeline>, Error> {
+    setup
+        .catalog
+        .files()
+        .map_err(|e| crate::exit::flag(e, "pipelines folder", "--pipelines"))?
         .iter()
-        .map(|p| load_for(global, &p.display().to_string(), dry_run))
+        .map(|p| setup.load_for(&p.display().to_string(), dry_run))
         .collect()
 }
 
-/// The pipeline files (`*.toml`) of a folder, sorted.
-pub fn pipeline_files(dir: &std::path::Path) -> Result<Vec<PathBuf>, Error> {
-    let entries = std::fs::read_dir(dir).map_err(|e| {
-        Error::config(
-            dir.display().to_string(),
-            "--pipelines",
-            format!("cannot list pipelines: {e}"),
-        )
-    })?;
-    let mut paths: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
-    paths.sort();
-    Ok(paths)
-}
-
-async fn sync(global: &Global, args: SyncArgs, ctx: &Context) -> Result<Exit, Error> {
+async fn sync(
+    setup: &Setup<'_>,
+    args: SyncArgs,
+    signals: impl FnOnce() -> Shutdown,
+) -> Result<Exit, Error> {
+    let global = setup.global;
     let pipelines = if args.all {
-        pipelines_in_folder(global, args.dry_run)?
+        pipelines_in_folder(setup, args.dry_run)?
     } else {
         args.names
             .iter()
-            .map(|n| load_for(global, n, args.dry_run))
+            .map(|n| setup.load_for(n, args.dry_run))
             .collect::<Result<Vec<_>, _>>()?
     };
     for pipeline in &pipelines {
@@ -434,7 +308,6 @@ async fn sync(global: &Global, args: SyncArgs, ctx: &Context) -> Result<Exit, Er
         }
         source_ids(pipeline, args.options.source.as_deref())?;
     }
-    let now = crate::clock::now()?;
     let ask = Ask::Sync {
         force: args.options.force,
     };
@@ -449,41 +322,27 @@ async fn sync(global: &Global, args: SyncArgs, ctx: &Context) -> Result<Exit, Er
         })
         .collect::<Result<Vec<_>, Error>>()?;
     if args.dry_run {
-        return dry_run::show(global, targets, &args.options, now).await;
+        return preview::show(setup, targets, &args.options).await;
     }
     let store = Store::connect(&global.database_url).await?;
+    let engine = setup.engine(store, signals());
     // The due periods not done yet, plus forced re-runs of the last
     // `lookback` done ones and of provisional ones now due (see `plan`).
     let planners = targets
         .into_iter()
-        .map(|t| {
-            Planner::new(
-                Some(store.clone()),
-                t.pipeline,
-                t.sources,
-                t.ask,
-                now,
-                false,
-            )
-        })
+        .map(|t| engine.plan(t.pipeline, t.sources, t.ask))
         .collect::<Result<Vec<_>, Error>>();
-    let planners = match planners {
-        Ok(planners) => planners,
-        Err(e) => {
-            store.close().await;
-            return Err(e);
-        }
+    let how = RunMany {
+        concurrency: crate::cli::concurrency(args.concurrency, &global.database_url),
+        force_deletes: args.options.force_deletes,
+        wait: false,
     };
-    let concurrency = crate::cli::concurrency(args.concurrency, &global.database_url);
     let mut summary = output::Summary::default();
-    let fed = std::sync::Mutex::new(Fed::default());
-    let pages = job_pages(&store, planners, &args.options, false, &fed);
-    run_jobs(pages, concurrency, true, ctx, |key, outcome| {
-        summary.add(&key, &outcome);
+    let fed = run_planned(&engine, planners, how, true, |key, outcome| {
+        summary.add(key, outcome);
     })
     .await;
-    store.close().await;
-    let fed = fed.into_inner().unwrap_or_default();
+    engine.close().await;
     if fed.jobs == 0 {
         if let Some(error) = fed.error {
             return Err(error);
@@ -501,7 +360,7 @@ async fn sync(global: &Global, args: SyncArgs, ctx: &Context) -> Result<Exit, Er
 /// `backfill --enqueue`: the keys the backfill would take (its plan: the
 /// range, `--only`, `--force`) go into the work queue, one statement per
 /// chunk of keys, and the command returns at once.
-async fn enqueue(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
+async fn enqueue(setup: &Setup<'_>, args: BackfillArgs) -> Result<Exit, Error> {
     if args.dry_run || args.allow_open {
         let flag = if args.dry_run {
             "--dry-run"
@@ -517,31 +376,23 @@ async fn enqueue(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
         ));
     }
     // Whoever works the queue needs the source's secrets; queuing does not.
-    let pipeline = Arc::new(load_pipeline(global, &args.pipeline)?);
+    let pipeline = Arc::new(setup.load(&args.pipeline)?);
     let range = backfill_periods(&pipeline, &args)?;
     let sources = source_ids(&pipeline, args.options.source.as_deref())?;
-    let now = crate::clock::now()?;
     // A worker runs a queued key as due: an open period is not queued.
-    plan::refuse_open(&pipeline, range, "--to", now, false)?;
+    plan::refuse_open(&pipeline, range, "--to", setup.clock.now(), false)?;
     let ask = Ask::Periods {
         range,
-        only: args.only,
+        only: args.only.map(crate::cli::Only::selection),
         force: args.options.force,
     };
-    let store = Store::connect(&global.database_url).await?;
-    let plan = Planner::new(
-        Some(store.clone()),
-        Arc::clone(&pipeline),
-        sources,
-        ask,
-        now,
-        false,
-    );
-    let queued = match plan {
-        Ok(plan) => queue_plan(&store, plan, args.priority).await,
+    let store = Store::connect(&setup.global.database_url).await?;
+    let engine = setup.engine(store, Shutdown::new());
+    let queued = match engine.plan(Arc::clone(&pipeline), sources, ask) {
+        Ok(plan) => engine.enqueue(plan, args.priority).await,
         Err(e) => Err(e),
     };
-    store.close().await;
+    engine.close().await;
     let (queued, considered) = queued?;
     say!(
         "queued {queued} run key(s) of pipeline {} at priority {}; {} left as they were (already queued, running{})",
@@ -553,24 +404,9 @@ async fn enqueue(global: &Global, args: BackfillArgs) -> Result<Exit, Error> {
     Ok(Exit::Success)
 }
 
-/// Queues what `plan` plans ([`plan::enqueue_plan`]): keys it claims as
-/// usual go in fresh (new, or again if failed or cancelled); keys it forces
-/// (`--force`, `--only all`, `--only stale`) go in even when done. Returns
-/// (queued, keys planned).
-async fn queue_plan(store: &Store, mut plan: Planner, priority: i64) -> Result<(u64, u64), Error> {
-    let how = plan::QueueAs {
-        priority,
-        by: EnqueuedBy::Backfill,
-        fresh_from: &[RunStatus::Failed, RunStatus::Cancelled],
-        forced_from: &[RunStatus::Done, RunStatus::Failed, RunStatus::Cancelled],
-        respect_backoff: false,
-    };
-    plan::enqueue_plan(store, &mut plan, &how, |_| {}).await
-}
-
 /// `cancel`: pending keys leave the queue; running ones finish.
-async fn cancel(global: &Global, args: CancelArgs) -> Result<Exit, Error> {
-    let pipeline = load_pipeline(global, &args.pipeline)?;
+async fn cancel(setup: &Setup<'_>, args: CancelArgs) -> Result<Exit, Error> {
+    let pipeline = setup.load(&args.pipeline)?;
     let range = match (&args.from, &args.to) {
         (Some(from), Some(to)) => {
             let (from, to) = pipeline.period_range(from, to)?;
@@ -581,7 +417,7 @@ async fn cancel(global: &Global, args: CancelArgs) -> Result<Exit, Error> {
     if let Some(source) = &args.source {
         source_ids(&pipeline, Some(source))?;
     }
-    let store = Store::connect(&global.database_url).await?;
+    let store = Store::connect(&setup.global.database_url).await?;
     let cancelled = store
         .cancel(
             &pipeline.spec.name,
@@ -599,10 +435,13 @@ async fn cancel(global: &Global, args: CancelArgs) -> Result<Exit, Error> {
     Ok(Exit::Success)
 }
 
-async fn validate(global: &Global, args: &ValidateArgs) -> Result<Exit, Error> {
+async fn validate(setup: &Setup<'_>, args: &ValidateArgs) -> Result<Exit, Error> {
     let mut exits = Vec::new();
     for name in &args.names {
-        match load_runnable(global, name).and_then(|p| check_fields(&p).map(|()| p)) {
+        match setup
+            .load_runnable(name)
+            .and_then(|p| check_fields(&p).map(|()| p))
+        {
             Ok(p) => {
                 say!(
                     "ok: {} (pipeline {}, {} source(s), {} field(s), table {})",

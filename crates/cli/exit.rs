@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use tidemark_core::Error;
 
-use crate::engine::Outcome;
+use tidemark_engine::Outcome;
 
 /// What the contract's exit codes mean, ordered from best to worst, so
 /// that the worst of several outcomes is their maximum.
@@ -67,6 +67,21 @@ impl Exit {
             Exit::Held => 75,
             Exit::Aborted { signal } => 128 + signal,
         }
+    }
+}
+
+/// A configuration error the engine names by what was passed (its key is
+/// `passed`: "source", "pipelines folder"), named by the command-line flag
+/// that passed it instead: the library does not know its caller's flags.
+/// Any other error is returned as it is.
+pub fn flag(error: Error, passed: &str, flag: &str) -> Error {
+    match error {
+        Error::Config { file, key, message } if key == passed => Error::Config {
+            file,
+            key: flag.to_string(),
+            message,
+        },
+        other => other,
     }
 }
 

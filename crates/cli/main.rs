@@ -31,14 +31,11 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 mod cli;
 mod clock;
 mod commands;
-mod dry_run;
-mod engine;
 mod exit;
 mod output;
-mod plan;
-mod prepare;
+mod preview;
 mod serve;
-mod shutdown;
+mod signals;
 mod status;
 
 use std::process::ExitCode;

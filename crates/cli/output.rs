@@ -9,8 +9,8 @@ use serde::Serialize;
 use tidemark_core::{Period, Pipeline, RunKey};
 use tidemark_load::{Counts, LedgerEntry};
 
-use crate::engine::Outcome;
 use crate::exit::Exit;
+use tidemark_engine::Outcome;
 
 /// A progress bar on stderr when it is a terminal; hidden otherwise.
 pub fn progress_bar(total: u64, what: &str) -> ProgressBar {

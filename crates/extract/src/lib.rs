@@ -3,13 +3,16 @@
 //!
 //! The checkpoint is an opaque, versioned JSON value. The runner stores it
 //! in the ledger in the same transaction as the batch it ends, and hands it
-//! back to [`SourceReader::open`] when a new attempt resumes, so at most one
-//! batch is read again after a crash.
+//! back to [`OpenSource::open`] when a new attempt resumes, so at most one
+//! batch is read again after a crash. The engine reads every source through
+//! [`OpenSource`] and [`BatchSource`] (the `source` module says what a
+//! source promises); [`BuiltInSources`] opens the file and HTTP readers.
 
 #![warn(missing_docs)]
 
 mod file;
 mod http;
+mod source;
 
 use std::sync::Arc;
 
@@ -19,6 +22,7 @@ use tidemark_core::{Error, Period, Pipeline, RateGate, RawRecord};
 pub use file::FileReader;
 pub use http::limiter::local_gate;
 pub use http::{FirstPage, HttpReader};
+pub use source::{BatchSource, BuiltInSources, OpenRequest, OpenSource};
 
 /// A resumable position in a source, stored in the ledger as JSON.
 pub type Checkpoint = serde_json::Value;
@@ -63,6 +67,7 @@ impl SourceReader {
             SourceSpec::Http(spec) => Ok(SourceReader::Http(
                 HttpReader::open(pipeline, spec, period, resume, gate).await?,
             )),
+            SourceSpec::Custom(spec) => Err(custom_unsupplied(pipeline, &spec.id)),
         }
     }
 
@@ -76,6 +81,7 @@ impl SourceReader {
     ) -> Result<FirstPage, Error> {
         match source {
             SourceSpec::Http(spec) => HttpReader::first_page(pipeline, spec, period).await,
+            SourceSpec::Custom(spec) => Err(custom_unsupplied(pipeline, &spec.id)),
             SourceSpec::File(spec) => {
                 let mut reader = FileReader::open(pipeline, spec, period, None).await?;
                 let records = reader
@@ -113,4 +119,18 @@ impl SourceReader {
             SourceReader::Http(reader) => reader.next_batch().await,
         }
     }
+}
+
+/// A `transport = "custom"` source that no program supplied: the
+/// `tidemark` binary, or an engine built without
+/// `EngineBuilder::source` for it.
+pub(crate) fn custom_unsupplied(pipeline: &Pipeline, id: &str) -> Error {
+    Error::config(
+        pipeline.file_name(),
+        "transport",
+        format!(
+            "source {id:?} has transport = \"custom\": it is read by the program that embeds tidemark-engine \
+             (EngineBuilder::source({id:?}, ...)); this engine has no reader for it"
+        ),
+    )
 }

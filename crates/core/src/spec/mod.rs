@@ -46,8 +46,8 @@ pub use names::{MAX_IDENTIFIER, RUN_KEY_INDEX_SUFFIX};
 pub use retry::{RetryPolicy, RetrySpec};
 pub use schedule::{Schedule, ScheduleSpec, SCHEDULE_HORIZON_YEARS};
 pub use source::{
-    ExpectCount, FileSourceSpec, Format, HttpSourceSpec, MissingPolicy, Pagination, RateLimit,
-    SourceSpec,
+    CustomSourceSpec, ExpectCount, FileSourceSpec, Format, HttpSourceSpec, MissingPolicy,
+    Pagination, RateLimit, SourceSpec,
 };
 
 /// A whole pipeline file.
@@ -239,6 +239,7 @@ impl Pipeline {
         for (i, source) in self.spec.sources.iter().enumerate() {
             match source {
                 SourceSpec::File(f) => templates.push((format!("sources[{i}].path"), &f.path)),
+                SourceSpec::Custom(_) => {}
                 SourceSpec::Http(h) => {
                     templates.push((format!("sources[{i}].url"), &h.url));
                     templates.extend(

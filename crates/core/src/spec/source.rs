@@ -45,6 +45,9 @@ pub enum SourceSpec {
     File(FileSourceSpec),
     /// An HTTP API (boxed: its spec is several times larger than a file's).
     Http(Box<HttpSourceSpec>),
+    /// Read by the program that embeds the engine, through the source it
+    /// registers for this id (`tidemark_engine::EngineBuilder::source`).
+    Custom(CustomSourceSpec),
 }
 
 impl SourceSpec {
@@ -53,8 +56,20 @@ impl SourceSpec {
         match self {
             SourceSpec::File(s) => &s.id,
             SourceSpec::Http(s) => &s.id,
+            SourceSpec::Custom(s) => &s.id,
         }
     }
+}
+
+/// `transport = "custom"`: a source tidemark does not ship. The pipeline
+/// declares it (its id is part of the run key, its records are typed by
+/// `[fields]` like any other), and the program that runs the pipeline
+/// supplies the reader; the `tidemark` binary cannot read it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomSourceSpec {
+    /// Source id; part of the run key.
+    pub id: String,
 }
 
 /// `transport = "file"`.
@@ -239,6 +254,7 @@ impl Checker<'_> {
                 return Err(self.err(at("id"), format!("duplicate source id {:?}", source.id())));
             }
             match source {
+                SourceSpec::Custom(_) => {}
                 SourceSpec::File(f) => {
                     self.template(&at("path"), &f.path)?;
                     self.records_pointer(&at("records"), f.format, f.records.as_deref())?;
@@ -383,7 +399,7 @@ mod tests {
         };
         let limits = |text: &str| match &parse(text).unwrap().spec.sources[0] {
             SourceSpec::Http(h) => (h.max_page_bytes.as_u64(), h.max_pages),
-            SourceSpec::File(_) => panic!("expected an HTTP source"),
+            _ => panic!("expected an HTTP source"),
         };
         assert_eq!(limits(&http("")), (256 << 20, 100_000), "defaults");
         assert_eq!(limits(&http("max_page_bytes = \"10MB\"")).0, 10_000_000);
@@ -410,7 +426,7 @@ mod tests {
         };
         let expect = |text: &str| match &parse(text).unwrap().spec.sources[0] {
             SourceSpec::Http(h) => h.expect_count.as_ref().map(ExpectCount::describe),
-            SourceSpec::File(_) => panic!("expected an HTTP source"),
+            _ => panic!("expected an HTTP source"),
         };
         assert_eq!(expect(&http("json", "")), None);
         assert_eq!(

@@ -6,14 +6,14 @@ use std::sync::Arc;
 
 use tidemark_core::spec::SourceSpec;
 use tidemark_core::{Error, Location, Origin, Period, Pipeline, RateGate, RawRecord, Row};
-use tidemark_extract::{Checkpoint, SourceReader};
+use tidemark_extract::{Checkpoint, OpenRequest, OpenSource};
 use tidemark_load::{Reject, Store};
 use tidemark_transform::{Presence, Transformer};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
 /// A batch read and typed, not yet deduplicated or committed.
-pub struct Prepared {
+pub(crate) struct Prepared {
     /// Where the next batch starts.
     pub checkpoint: Checkpoint,
     /// Records read.
@@ -34,7 +34,7 @@ enum Item {
 type Sender = mpsc::Sender<Item>;
 
 /// The batches of one reading task, in order.
-pub struct Batches {
+pub(crate) struct Batches {
     rx: mpsc::Receiver<Item>,
     expected: Option<u64>,
     exhausted: bool,
@@ -63,9 +63,11 @@ impl Batches {
 }
 
 /// What to read: a source of a pipeline for a period, from `resume` on.
-pub struct Read {
+pub(crate) struct Read {
     pub pipeline: Arc<Pipeline>,
     pub source_id: String,
+    /// What opens the source: the only way the engine reads one.
+    pub opener: Arc<dyn OpenSource>,
     pub period: Period,
     pub resume: Option<Checkpoint>,
 }
@@ -74,7 +76,7 @@ pub struct Read {
 /// then the end of the source. A failure is sent as the last item. The
 /// source's rate limit is the one `store` says every process shares, if
 /// any.
-pub fn spawn(read: Read, store: &Store, transformer: Arc<Transformer>) -> Batches {
+pub(crate) fn spawn(read: Read, store: &Store, transformer: Arc<Transformer>) -> Batches {
     let (tx, rx) = mpsc::channel(1);
     let store = store.clone();
     tokio::spawn(
@@ -95,7 +97,7 @@ pub fn spawn(read: Read, store: &Store, transformer: Arc<Transformer>) -> Batche
 /// The gate every request of `source` passes: the database's shared bucket
 /// when other processes may read the source too (PostgreSQL), else this
 /// process's own (SQLite, where one process owns the file).
-pub fn rate_gate(
+pub(crate) fn rate_gate(
     store: &Store,
     pipeline: &Pipeline,
     source: &SourceSpec,
@@ -119,18 +121,21 @@ async fn produce(
     let Read {
         pipeline,
         source_id,
+        opener,
         period,
         resume,
     } = read;
-    let source = pipeline.source(source_id).ok_or_else(|| {
-        Error::config(
-            pipeline.file_name(),
-            "sources",
-            format!("no source {source_id:?}"),
-        )
-    })?;
-    let gate = rate_gate(store, pipeline, source);
-    let mut reader = SourceReader::open(pipeline, source, period, resume.as_ref(), gate).await?;
+    let gate = pipeline
+        .source(source_id)
+        .and_then(|source| rate_gate(store, pipeline, source));
+    let request = OpenRequest {
+        pipeline,
+        source_id,
+        period,
+        resume: resume.as_ref(),
+        gate,
+    };
+    let mut reader = opener.open(request).await?;
     // Each batch after the first is typed on the blocking pool while the
     // next one is read, so a large period's reading and typing use two
     // cores instead of one (typing and hashing were two thirds of the
@@ -227,8 +232,7 @@ fn warn_absent(transformer: &Transformer, presence: &Presence, span: Option<(Loc
 
 /// What a field no JSON record held may mean, said alike by a run's
 /// warning and by `validate --check-source`.
-pub(crate) const ABSENT_NOTE: &str =
-    "renamed or removed upstream? They load as NULL or their default";
+pub const ABSENT_NOTE: &str = "renamed or removed upstream? They load as NULL or their default";
 
 fn reject_of(error: &Error, record: &RawRecord) -> Reject {
     let (field, value, reason) = match error {

@@ -4,67 +4,52 @@
 //!
 //! It plans with the command's own code ([`crate::plan`]: the open-period
 //! rule, `--only`, due periods, forced re-runs) and previews each claim with
-//! the ledger's own claim rules ([`Store::preview_claims`]), on a database
-//! opened read-only ([`Store::open_read_only`]: no SQLite file is created,
-//! nothing is migrated). So its answer is the real command's, unless the
-//! ledger changes in between.
+//! the ledger's own claim rules (`KeyRow::preview`), on a database opened
+//! read-only ([`Store::open_read_only`]: no SQLite file is created, nothing
+//! is migrated). So its answer is the real command's, unless the ledger
+//! changes in between. Printing is the caller's.
 
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use tidemark_core::{Error, Pipeline, RunKey};
-use tidemark_load::{Preview, RunStatus, Store};
+use tidemark_load::{Preview, RunStatus, Store, WorkerId};
 
-use crate::cli::{Global, LogFormat, RunOptions};
-use crate::commands::{flags_of, worker};
-use crate::engine::claim_request;
-use crate::exit::Exit;
 use crate::plan::{Ask, Forced, Intent, Planned, Planner};
+use crate::run::{claim_request, RunFlags};
 
 /// One pipeline's part of a command.
 pub struct Target {
+    /// The pipeline.
     pub pipeline: Arc<Pipeline>,
+    /// The sources asked for.
     pub sources: Vec<String>,
+    /// The periods asked for, and how.
     pub ask: Ask,
 }
 
 /// What the command would do with one run key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DryLine {
+    /// The run key.
     pub key: RunKey,
     /// `skip`, `run`, `resume`, `re-run` or `held`.
     pub action: &'static str,
+    /// Why, in a few words.
     pub reason: String,
 }
 
-/// Prints the dry run of `targets` at `now`; exit 0 whatever it finds.
-/// Lines are printed a page of the plan at a time, so a dry run of a
-/// million periods holds one page (ADR 0014); a ledger read that still
-/// fails after the retries ends it with the error, after the lines of the
-/// pages before.
-pub async fn show(
-    global: &Global,
-    targets: Vec<Target>,
-    options: &RunOptions,
-    now: DateTime<Utc>,
-) -> Result<Exit, Error> {
-    let store = Store::open_read_only(&global.database_url).await?;
-    let mut printer = Printer::new(targets.len() > 1, global.log_format);
-    let shown = print_plans(store.as_ref(), targets, options, now, &mut printer).await;
-    if let Some(store) = &store {
-        store.close().await;
-    }
-    shown?;
-    printer.finish();
-    Ok(Exit::Success)
-}
-
-async fn print_plans(
+/// The dry run of `targets` at `now`, a page of each plan at a time, each
+/// line handed to `each` as it is decided: a dry run of a million periods
+/// holds one page (ADR 0014). A ledger read that still fails after the
+/// retries ends it with the error, after the lines of the pages before.
+pub async fn dry_run(
     store: Option<&Store>,
     targets: Vec<Target>,
-    options: &RunOptions,
+    force_deletes: bool,
+    worker: &WorkerId,
     now: DateTime<Utc>,
-    printer: &mut Printer,
+    mut each: impl FnMut(DryLine),
 ) -> Result<(), Error> {
     for target in targets {
         let mut planner = Planner::new(
@@ -77,7 +62,7 @@ async fn print_plans(
         )?;
         while let Some(page) = planner.next_page().await? {
             for planned in page {
-                printer.line(&line(planner.pipeline(), planned, options));
+                each(line(planner.pipeline(), planned, force_deletes, worker));
             }
         }
     }
@@ -86,15 +71,15 @@ async fn print_plans(
 
 /// What the command would do with one planned key: the plan's reason to
 /// leave it, or the claim rules' answer for its ledger row as read.
-fn line(pipeline: &Pipeline, planned: Planned, options: &RunOptions) -> DryLine {
+fn line(pipeline: &Pipeline, planned: Planned, force_deletes: bool, worker: &WorkerId) -> DryLine {
     // A dry run takes no lease; the claim rules only read its length.
     let lease_ttl = std::time::Duration::from_secs(30);
     let (action, reason) = match &planned.intent {
         Intent::Leave(why) => ("skip", why.clone()),
         Intent::Claim(forced) => {
             let preview = planned.row.as_ref().map_or(Preview::New, |row| {
-                let flags = flags_of(&planned, options, false);
-                row.preview(&claim_request(pipeline, &flags, &worker(), lease_ttl))
+                let flags = RunFlags::of(&planned, force_deletes, false);
+                row.preview(&claim_request(pipeline, &flags, worker, lease_ttl))
             });
             describe(&preview, forced.as_ref())
         }
@@ -143,87 +128,7 @@ fn forced_reason(forced: &Forced) -> String {
 }
 
 /// The actions of the contract, in the summary's order.
-const ACTIONS: [&str; 5] = ["run", "resume", "re-run", "skip", "held"];
-
-/// Prints dry-run lines as they come and counts them for the summary.
-struct Printer {
-    several_pipelines: bool,
-    format: LogFormat,
-    /// The pipeline whose header was printed last.
-    pipeline: Option<String>,
-    /// Lines per action of [`ACTIONS`].
-    tally: [usize; ACTIONS.len()],
-    lines: usize,
-}
-
-impl Printer {
-    fn new(several_pipelines: bool, format: LogFormat) -> Printer {
-        Printer {
-            several_pipelines,
-            format,
-            pipeline: None,
-            tally: [0; ACTIONS.len()],
-            lines: 0,
-        }
-    }
-
-    fn line(&mut self, line: &DryLine) {
-        self.lines += 1;
-        if let Some(i) = ACTIONS.iter().position(|a| *a == line.action) {
-            self.tally[i] += 1;
-        }
-        let key = &line.key;
-        match self.format {
-            LogFormat::Json => say!(
-                "{}",
-                serde_json::json!({
-                    "pipeline": key.pipeline,
-                    "period_start": key.period.start_rfc3339(),
-                    "period": key.period.label(),
-                    "source": key.source,
-                    "action": line.action,
-                    "reason": line.reason,
-                })
-            ),
-            LogFormat::Text => {
-                if self.several_pipelines && self.pipeline.as_deref() != Some(&key.pipeline) {
-                    say!("pipeline {}:", key.pipeline);
-                    self.pipeline = Some(key.pipeline.clone());
-                }
-                say!(
-                    "{} {} {}: {}",
-                    key.period.label(),
-                    key.source,
-                    line.action,
-                    line.reason
-                );
-            }
-        }
-    }
-
-    fn finish(self) {
-        match self.format {
-            LogFormat::Json => {
-                let mut summary = serde_json::Map::new();
-                summary.insert("run_keys".into(), self.lines.into());
-                for (action, n) in ACTIONS.iter().zip(self.tally) {
-                    summary.insert((*action).into(), n.into());
-                }
-                say!("{}", serde_json::json!({ "dry_run_summary": summary }));
-            }
-            LogFormat::Text => say!(
-                "dry run: {} run key(s): {}; nothing was read or written",
-                self.lines,
-                ACTIONS
-                    .iter()
-                    .zip(self.tally)
-                    .map(|(a, n)| format!("{n} {a}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        }
-    }
-}
+pub const ACTIONS: [&str; 5] = ["run", "resume", "re-run", "skip", "held"];
 
 #[cfg(test)]
 mod tests {

@@ -14,16 +14,19 @@ use tidemark_load::{
 };
 use tidemark_transform::Transformer;
 
+use crate::clock::Clock;
 use crate::prepare::{self, Batches};
 use crate::shutdown::Shutdown;
+use tidemark_extract::OpenSource;
 use tracing::Instrument;
 
-/// What every run of one process shares: its stop request and its lease
-/// length.
+/// What every run of one engine shares: its stop request, its lease
+/// length and the clock that decides what is due.
 #[derive(Debug, Clone)]
-pub struct Context {
+pub(crate) struct Context {
     pub shutdown: Shutdown,
     pub lease_ttl: Duration,
+    pub clock: Arc<dyn Clock>,
 }
 
 /// How often `--wait` asks the ledger again.
@@ -37,12 +40,18 @@ pub enum Outcome {
     /// Was done already; the stored result. Nothing was read or written.
     AlreadyDone(serde_json::Value),
     /// Another live run holds it.
-    Held { owner: String },
+    Held {
+        /// The live run's worker.
+        owner: String,
+    },
     /// Failed; recorded in the ledger.
     Failed(Error),
     /// Not started: the command stopped claiming work (the database cannot
     /// store anything more).
-    NotRun { reason: String },
+    NotRun {
+        /// Why.
+        reason: String,
+    },
     /// Stopped by a signal: the batch in flight was committed and the key
     /// handed back to the queue (`pending`) for any worker to resume.
     Interrupted,
@@ -56,19 +65,35 @@ enum Ended {
     Interrupted,
 }
 
-/// Flags of one invocation.
+/// How one run key is run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunFlags {
+    /// Run it even when done (`--force`).
     pub force: bool,
+    /// Reconcile deletes past `load.max_delete_fraction`.
     pub force_deletes: bool,
+    /// Wait for a key another live run holds instead of answering held.
     pub wait: bool,
     /// The period is still open (`--allow-open`): recorded as provisional.
     pub provisional: bool,
 }
 
+impl RunFlags {
+    /// The flags a planned run key runs with: forced when the plan forces
+    /// it, provisional when its period is open.
+    pub fn of(planned: &crate::plan::Planned, force_deletes: bool, wait: bool) -> RunFlags {
+        RunFlags {
+            force: matches!(planned.intent, crate::plan::Intent::Claim(Some(_))),
+            force_deletes,
+            wait,
+            provisional: planned.provisional,
+        }
+    }
+}
+
 /// The claim a run key's job makes: what a real run sends to the ledger
 /// and what a dry run previews, built in this one place.
-pub fn claim_request(
+pub(crate) fn claim_request(
     pipeline: &Pipeline,
     flags: &RunFlags,
     worker: &WorkerId,
@@ -86,10 +111,12 @@ pub fn claim_request(
 
 /// Everything one run key needs.
 #[derive(Clone)]
-pub struct Job {
+pub(crate) struct Job {
     pub store: Store,
     pub pipeline: Arc<Pipeline>,
     pub source_id: String,
+    /// What opens the source (the built-in readers, or a program's own).
+    pub opener: Arc<dyn OpenSource>,
     pub key: RunKey,
     pub worker: WorkerId,
     pub flags: RunFlags,
@@ -98,7 +125,7 @@ pub struct Job {
 impl Job {
     /// Claims and runs the run key; every failure ends up in the outcome
     /// (and, once claimed, in the ledger).
-    pub async fn run(self, ctx: &Context) -> Outcome {
+    pub(crate) async fn run(self, ctx: &Context) -> Outcome {
         if ctx.shutdown.requested() {
             return Outcome::Stopped;
         }
@@ -114,7 +141,7 @@ impl Job {
 
     /// Runs an attempt already claimed (by the work queue, or by [`Job::run`])
     /// inside a span naming its run key, run id and attempt.
-    pub async fn run_claimed(&self, run: ClaimedRun, ctx: &Context) -> Outcome {
+    pub(crate) async fn run_claimed(&self, run: ClaimedRun, ctx: &Context) -> Outcome {
         let span = tracing::info_span!(
             "run",
             pipeline = %self.key.pipeline,
@@ -420,6 +447,7 @@ impl Job {
         let read = prepare::Read {
             pipeline: Arc::clone(pipeline),
             source_id: self.source_id.clone(),
+            opener: Arc::clone(&self.opener),
             period: self.key.period,
             resume,
         };
@@ -521,7 +549,7 @@ async fn finish_one(
 /// ledger stores (a worker whose clock is behind would otherwise store a
 /// back-off already over). A failure to record is logged: the lease then
 /// runs out instead.
-pub async fn record_failure(
+pub(crate) async fn record_failure(
     store: &Store,
     policy: &RetryPolicy,
     lease: &Lease,
@@ -615,6 +643,7 @@ pub struct Backoff<'a> {
 }
 
 impl<'a> Backoff<'a> {
+    /// No failure yet.
     pub fn new(policy: &'a RetryPolicy) -> Self {
         Backoff {
             policy,
@@ -649,7 +678,11 @@ impl<'a> Backoff<'a> {
 }
 
 /// Runs `op` with [`Backoff`].
-pub async fn retry<T, F, Fut>(policy: &RetryPolicy, what: &str, mut op: F) -> Result<T, Error>
+pub(crate) async fn retry<T, F, Fut>(
+    policy: &RetryPolicy,
+    what: &str,
+    mut op: F,
+) -> Result<T, Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, Error>>,

@@ -18,7 +18,32 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use tidemark_core::{Error, Period, Pipeline, RunKey};
 use tidemark_load::{Enqueue, EnqueuedBy, KeyRef, KeyRow, LedgerEntry, QueueKey, RunStatus, Store};
 
-use crate::cli::Only;
+/// A selection of run keys by their state in the ledger (`backfill
+/// --only`; docs/ledger.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Only {
+    /// Failed keys: run again from the start.
+    Failed,
+    /// Periods with no ledger row: never run.
+    Missing,
+    /// Done under another handler version or other `[fields]`: re-run
+    /// (forced); unchanged rows are not written again.
+    Stale,
+    /// Every period, done ones re-run (like `force`).
+    All,
+}
+
+impl Only {
+    /// The selection's name (`failed`, `missing`, `stale`, `all`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Only::Failed => "failed",
+            Only::Missing => "missing",
+            Only::Stale => "stale",
+            Only::All => "all",
+        }
+    }
+}
 
 /// Run keys per page of a plan: what planning holds at once (the page's
 /// keys, their ledger rows, and the jobs or queued keys made of them), and
@@ -29,7 +54,9 @@ pub const PAGE_KEYS: usize = tidemark_load::ENQUEUE_CHUNK;
 /// walked, never collected.
 #[derive(Debug, Clone, Copy)]
 pub struct PeriodRange {
+    /// The first period.
     pub from: Period,
+    /// The last period (included).
     pub to: Period,
 }
 
@@ -54,13 +81,19 @@ pub enum Ask {
     /// `run` (one period) or `backfill` (a range): every source's key of
     /// each period, narrowed by `--only`.
     Periods {
+        /// The periods.
         range: PeriodRange,
+        /// Only the keys in this state.
         only: Option<Only>,
+        /// Run done keys again.
         force: bool,
     },
     /// `sync`: the due periods not done yet, plus forced re-runs of the
     /// last `lookback` done ones and of provisional ones now due.
-    Sync { force: bool },
+    Sync {
+        /// Run done keys again.
+        force: bool,
+    },
 }
 
 impl Ask {
@@ -96,8 +129,11 @@ pub enum Intent {
 /// One run key of a command's plan.
 #[derive(Debug, Clone)]
 pub struct Planned {
+    /// The run key.
     pub key: RunKey,
+    /// Its source.
     pub source: String,
+    /// What the command does with it.
     pub intent: Intent,
     /// Its period is still open (the run was allowed with `--allow-open`):
     /// a done run is recorded as provisional.
@@ -129,7 +165,9 @@ pub fn queue_keys(planned: &[Planned]) -> (Vec<QueueKey>, Vec<QueueKey>) {
 
 /// How a plan's keys enter the queue.
 pub struct QueueAs {
+    /// The queue priority.
     pub priority: i64,
+    /// Who queued the keys.
     pub by: EnqueuedBy,
     /// States from which a key the plan claims as usual is queued again.
     pub fresh_from: &'static [RunStatus],
@@ -173,7 +211,7 @@ pub async fn enqueue_plan(
                     respect_backoff: how.respect_backoff,
                 };
                 page_queued +=
-                    crate::engine::retry(&pipeline.retry, "queue keys", || store.enqueue(&batch))
+                    crate::run::retry(&pipeline.retry, "queue keys", || store.enqueue(&batch))
                         .await?;
             }
             queued += page_queued;
@@ -283,6 +321,7 @@ impl Planner {
         })
     }
 
+    /// The pipeline planned.
     pub fn pipeline(&self) -> &Arc<Pipeline> {
         &self.pipeline
     }
@@ -402,7 +441,7 @@ impl Planner {
             })
             .collect();
         let spec = &self.pipeline.spec;
-        let rows = crate::engine::retry(&self.pipeline.retry, "read the ledger", || {
+        let rows = crate::run::retry(&self.pipeline.retry, "read the ledger", || {
             store.key_rows(&spec.name, &spec.export_type, &keys)
         })
         .await?;
@@ -432,7 +471,7 @@ impl Planner {
         for (source, starts) in self.sources.iter().zip(found.iter_mut()) {
             let mut offset = 0;
             'pages: loop {
-                let page = crate::engine::retry(&self.pipeline.retry, "read the ledger", || {
+                let page = crate::run::retry(&self.pipeline.retry, "read the ledger", || {
                     store.done_starts(&spec.name, &spec.export_type, source, limit, offset)
                 })
                 .await?;

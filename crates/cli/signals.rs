@@ -1,5 +1,5 @@
-//! Stopping on signals, passed down as a token (the shape of mini-redis's
-//! `shutdown.rs`), never as a global flag.
+//! Signals, turned into the engine's stop token ([`Shutdown`], the shape
+//! of mini-redis's `shutdown.rs`), never into a global flag.
 //!
 //! The first SIGTERM or SIGINT asks for a graceful stop: nothing new is
 //! claimed, each run lets the batch in flight finish reading and commit,
@@ -11,35 +11,12 @@
 
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
+use tidemark_engine::Shutdown;
 
 use crate::exit::Exit;
 
 /// How long a graceful stop may take before it becomes an abort.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// The process's request to stop, shared by every loop that should.
-#[derive(Debug, Clone, Default)]
-pub struct Shutdown {
-    token: CancellationToken,
-}
-
-impl Shutdown {
-    /// Whether a stop was asked for.
-    pub fn requested(&self) -> bool {
-        self.token.is_cancelled()
-    }
-
-    /// Resolves once a stop is asked for.
-    pub async fn wait(&self) {
-        self.token.cancelled().await;
-    }
-
-    /// Asks for a graceful stop.
-    pub fn request(&self) {
-        self.token.cancel();
-    }
-}
 
 /// Installs the signal handlers and returns the token they trigger. After
 /// the first signal, a second one or `timeout` ends the process with the

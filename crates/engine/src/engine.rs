@@ -1,0 +1,371 @@
+//! [`Engine`]: what a program holds to run pipelines: the store (the
+//! destination database, which holds the ledger), this worker's identity,
+//! the lease length, the clock, the stop token and the sources it can
+//! open. Every command of the `tidemark` binary is a few calls on it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+use tidemark_core::spec::SourceSpec;
+use tidemark_core::{Error, Period, Pipeline, RunKey};
+use tidemark_extract::{BuiltInSources, OpenSource};
+use tidemark_load::{EnqueuedBy, RunStatus, Store, WorkerId};
+
+use crate::clock::{Clock, SystemClock};
+use crate::plan::{self, Ask, Intent, PeriodRange, Planned, Planner};
+use crate::run::{Context, Job, Outcome, RunFlags};
+use crate::shutdown::Shutdown;
+
+/// The lease length when none is given: renewed every third of it, and
+/// taken over by another worker once it has run out without renewal.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// Runs pipelines against one store. Cheap to clone; clones share the
+/// store, the stop token and the sources.
+#[derive(Clone)]
+pub struct Engine {
+    store: Store,
+    worker: WorkerId,
+    ctx: Context,
+    sources: Arc<HashMap<String, Arc<dyn OpenSource>>>,
+}
+
+/// Builds an [`Engine`]; every setting has a default.
+pub struct EngineBuilder {
+    store: Store,
+    worker: Option<WorkerId>,
+    lease_ttl: Duration,
+    clock: Arc<dyn Clock>,
+    shutdown: Shutdown,
+    sources: HashMap<String, Arc<dyn OpenSource>>,
+}
+
+impl EngineBuilder {
+    /// This process as a lease holder (default: [`Engine::this_process`]).
+    pub fn worker(mut self, worker: WorkerId) -> Self {
+        self.worker = Some(worker);
+        self
+    }
+
+    /// The lease length (default 30 s).
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// The clock that decides what is due (default: the system's).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The token that stops the engine's runs and services gracefully.
+    pub fn shutdown(mut self, shutdown: Shutdown) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// Reads the pipeline sources with id `source_id` and `transport =
+    /// "custom"` through `opener`. The engine commits each batch with the
+    /// checkpoint `opener`'s batches return, and hands the last committed
+    /// one back on resume.
+    pub fn source(mut self, source_id: impl Into<String>, opener: Arc<dyn OpenSource>) -> Self {
+        self.sources.insert(source_id.into(), opener);
+        self
+    }
+
+    /// The engine.
+    pub fn build(self) -> Engine {
+        Engine {
+            store: self.store,
+            worker: self.worker.unwrap_or_else(Engine::this_process),
+            ctx: Context {
+                shutdown: self.shutdown,
+                lease_ttl: self.lease_ttl,
+                clock: self.clock,
+            },
+            sources: Arc::new(self.sources),
+        }
+    }
+}
+
+/// One run key and what happened to it.
+#[derive(Debug)]
+pub struct KeyOutcome {
+    /// The run key.
+    pub key: RunKey,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+/// What [`Engine::run_many`] reports as it goes.
+#[derive(Debug)]
+pub enum RunEvent {
+    /// A page of the plans was planned: `keys` run keys, `jobs` of which
+    /// will be claimed (the rest are left alone, e.g. done).
+    Planned {
+        /// Run keys planned.
+        keys: usize,
+        /// Run keys to claim.
+        jobs: usize,
+    },
+    /// A run key's run ended.
+    Ran(KeyOutcome),
+    /// Reading the ledger for the next page failed after its retries: no
+    /// further page is planned.
+    PlanFailed(Error),
+}
+
+/// How [`Engine::run_many`] runs its keys.
+#[derive(Debug, Clone, Copy)]
+pub struct RunMany {
+    /// Keys run at once.
+    pub concurrency: usize,
+    /// Reconcile deletes past `load.max_delete_fraction`.
+    pub force_deletes: bool,
+    /// Wait for keys other live runs hold.
+    pub wait: bool,
+}
+
+impl Engine {
+    /// An engine over `store`, to be configured.
+    pub fn builder(store: Store) -> EngineBuilder {
+        EngineBuilder {
+            store,
+            worker: None,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            clock: Arc::new(SystemClock),
+            shutdown: Shutdown::new(),
+            sources: HashMap::new(),
+        }
+    }
+
+    /// This process as a lease holder: host, pid and an id of this start,
+    /// the same for every engine of the process.
+    pub fn this_process() -> WorkerId {
+        static WORKER: std::sync::OnceLock<WorkerId> = std::sync::OnceLock::new();
+        WORKER
+            .get_or_init(|| WorkerId {
+                host: gethostname::gethostname().to_string_lossy().into_owned(),
+                pid: std::process::id(),
+                instance: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
+            })
+            .clone()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The clock's "now".
+    pub fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        self.ctx.clock.now()
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.ctx.clock
+    }
+
+    /// The stop token.
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.ctx.shutdown
+    }
+
+    /// This engine's worker identity.
+    pub fn worker(&self) -> &WorkerId {
+        &self.worker
+    }
+
+    pub(crate) fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// A plan of `ask` for `sources` of `pipeline` at the clock's now, made
+    /// a page at a time ([`Planner::next_page`]).
+    pub fn plan(
+        &self,
+        pipeline: Arc<Pipeline>,
+        sources: Vec<String>,
+        ask: Ask,
+    ) -> Result<Planner, Error> {
+        Planner::new(
+            Some(self.store.clone()),
+            pipeline,
+            sources,
+            ask,
+            self.now(),
+            false,
+        )
+    }
+
+    /// Runs one run key (claims it, reads, loads, records), whatever the
+    /// ledger says (the claim decides: a done key is skipped unless
+    /// `flags.force`).
+    pub async fn run(&self, pipeline: &Arc<Pipeline>, key: RunKey, flags: RunFlags) -> Outcome {
+        self.job(pipeline, key, flags).run(&self.ctx).await
+    }
+
+    /// Runs every source's key of `period` of `pipeline`, one after the
+    /// other, as `tidemark run` does (a done key is skipped).
+    pub async fn run_period(
+        &self,
+        pipeline: &Arc<Pipeline>,
+        period: Period,
+    ) -> Result<Vec<KeyOutcome>, Error> {
+        let sources = crate::catalog::source_ids(pipeline, None)?;
+        let ask = Ask::Periods {
+            range: PeriodRange::one(period),
+            only: None,
+            force: false,
+        };
+        let mut planner = self.plan(Arc::clone(pipeline), sources, ask)?;
+        let mut outcomes = Vec::new();
+        while let Some(page) = planner.next_page().await? {
+            for job in self.jobs(pipeline, &page, false, false) {
+                let key = job.key.clone();
+                let outcome = job.run(&self.ctx).await;
+                outcomes.push(KeyOutcome { key, outcome });
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Runs what `planners` plan (one after the other), `how.concurrency`
+    /// keys at a time, as a stream of events: each page as it is planned
+    /// (the next page is planned when the runs need it, so a backfill of a
+    /// million periods holds a page, ADR 0014) and each key's outcome as
+    /// its run ends.
+    ///
+    /// A run that finds the database unable to store anything more stops
+    /// the stream from claiming further keys: they end
+    /// [`Outcome::NotRun`], since every other period would fail the same
+    /// way (or wait on locks).
+    pub fn run_many(
+        &self,
+        planners: Vec<Planner>,
+        how: RunMany,
+    ) -> impl Stream<Item = RunEvent> + '_ {
+        let stopped: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let planners: std::collections::VecDeque<Planner> = planners.into();
+        let pages = futures_util::stream::unfold(Some(planners), move |planners| async move {
+            let mut planners = planners?;
+            loop {
+                let planner = planners.front_mut()?;
+                match planner.next_page().await {
+                    Ok(Some(page)) => {
+                        let pipeline = Arc::clone(planner.pipeline());
+                        let jobs = self.jobs(&pipeline, &page, how.force_deletes, how.wait);
+                        let planned = RunEvent::Planned {
+                            keys: page.len(),
+                            jobs: jobs.len(),
+                        };
+                        return Some(((planned, jobs), Some(planners)));
+                    }
+                    Ok(None) => {
+                        planners.pop_front();
+                    }
+                    Err(e) => return Some(((RunEvent::PlanFailed(e), Vec::new()), None)),
+                }
+            }
+        });
+        pages
+            .flat_map(move |(event, jobs)| {
+                let ran = futures_util::stream::iter(jobs).map(Ok);
+                futures_util::stream::iter([Err(event)]).chain(ran)
+            })
+            .map(move |item| {
+                let stopped = Arc::clone(&stopped);
+                async move {
+                    match item {
+                        Err(event) => event,
+                        Ok(job) => RunEvent::Ran(self.run_or_not(job, &stopped).await),
+                    }
+                }
+            })
+            .buffer_unordered(how.concurrency.max(1))
+    }
+
+    async fn run_or_not(&self, job: Job, stopped: &std::sync::Mutex<Option<String>>) -> KeyOutcome {
+        let key = job.key.clone();
+        let reason = stopped.lock().ok().and_then(|s| s.clone());
+        let outcome = match reason {
+            Some(reason) => Outcome::NotRun { reason },
+            None => job.run(&self.ctx).await,
+        };
+        if let Outcome::Failed(error @ Error::Storage { .. }) = &outcome {
+            if let Ok(mut stop) = stopped.lock() {
+                stop.get_or_insert_with(|| {
+                    format!("stopped claiming work after {key} failed: {error}")
+                });
+            }
+        }
+        KeyOutcome { key, outcome }
+    }
+
+    /// Puts what `plan` plans into the work queue at `priority`, a page per
+    /// transaction: keys it claims as usual go in fresh (new, or again if
+    /// failed or cancelled); keys it forces go in even when done. Returns
+    /// (queued, keys planned).
+    pub async fn enqueue(&self, mut plan: Planner, priority: i64) -> Result<(u64, u64), Error> {
+        let how = plan::QueueAs {
+            priority,
+            by: EnqueuedBy::Backfill,
+            fresh_from: &[RunStatus::Failed, RunStatus::Cancelled],
+            forced_from: &[RunStatus::Done, RunStatus::Failed, RunStatus::Cancelled],
+            respect_backoff: false,
+        };
+        plan::enqueue_plan(&self.store, &mut plan, &how, |_| {}).await
+    }
+
+    /// Closes the store's connections (SQLite: checkpoints its WAL).
+    pub async fn close(&self) {
+        self.store.close().await;
+    }
+
+    /// What opens `source_id` of `pipeline`: the program's own source for
+    /// a `transport = "custom"` one, else the built-in readers.
+    pub(crate) fn opener(&self, pipeline: &Pipeline, source_id: &str) -> Arc<dyn OpenSource> {
+        match (self.sources.get(source_id), pipeline.source(source_id)) {
+            (Some(opener), Some(SourceSpec::Custom(_))) => Arc::clone(opener),
+            _ => Arc::new(BuiltInSources),
+        }
+    }
+
+    /// The job of one run key.
+    pub(crate) fn job(&self, pipeline: &Arc<Pipeline>, key: RunKey, flags: RunFlags) -> Job {
+        Job {
+            store: self.store.clone(),
+            pipeline: Arc::clone(pipeline),
+            source_id: key.source.clone(),
+            opener: self.opener(pipeline, &key.source),
+            key,
+            worker: self.worker.clone(),
+            flags,
+        }
+    }
+
+    /// The jobs of a page of a plan: one per run key it claims.
+    fn jobs(
+        &self,
+        pipeline: &Arc<Pipeline>,
+        planned: &[Planned],
+        force_deletes: bool,
+        wait: bool,
+    ) -> Vec<Job> {
+        planned
+            .iter()
+            .filter(|p| matches!(p.intent, Intent::Claim(_)))
+            .map(|p| {
+                self.job(
+                    pipeline,
+                    p.key.clone(),
+                    RunFlags::of(p, force_deletes, wait),
+                )
+            })
+            .collect()
+    }
+}
