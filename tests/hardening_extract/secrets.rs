@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::server::{percent_decode, Reply, Request, Server};
+use crate::support::http::{percent_decode, Reply, Request, Server};
 use super::{sqlite_bytes, tidemark};
 use crate::support::{backend_tests, Backend, Env, Out, TestDb};
 

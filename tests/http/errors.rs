@@ -3,7 +3,7 @@
 //! secrets redacted) and the status.
 
 use super::api::{Api, Fault};
-use super::harness::{Case, Source, QUICK_RETRY};
+use super::case::{Case, Source, QUICK_RETRY};
 
 const KEY: &str = "k3y-only-in-env-5150";
 

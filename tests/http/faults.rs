@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::api::{ids, Api, Fault};
-use super::harness::{Case, Source, QUICK_RETRY};
+use super::case::{Case, Source, QUICK_RETRY};
 
 const PAGED: &str = r#"url = "BASE/page"
 format = "json"

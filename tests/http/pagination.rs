@@ -3,7 +3,7 @@
 //! an empty period.
 
 use super::api::{ids, Api, SERVER_PAGE_SIZE};
-use super::harness::{Case, Source, QUICK_RETRY};
+use super::case::{Case, Source, QUICK_RETRY};
 
 /// Day 1: 25 records (two full pages and a short one); day 2: 20 (ends on a
 /// full page); day 3: nothing.

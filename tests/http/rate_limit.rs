@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::api::{ids, Api};
-use super::harness::{Case, Source, QUICK_RETRY};
+use super::case::{Case, Source, QUICK_RETRY};
 
 const PER_SECOND: usize = 5;
 const BURST: usize = 1;

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use super::api::{ids, Api, Fault};
-use super::harness::{Case, Out, Source, QUICK_RETRY};
+use super::case::{Case, Out, Source, QUICK_RETRY};
 
 const TOKEN: &str = "tm-s3cret-token-8e1f0c";
 

@@ -12,7 +12,7 @@ use tidemark_core::Pipeline;
 use tidemark_extract::SourceReader;
 
 use super::api::{ids, Api};
-use super::harness::{Case, Source, QUICK_RETRY};
+use super::case::{Case, Source, QUICK_RETRY};
 
 const RECORDS: usize = 100_000;
 const DAY: &str = "2024-06-01";
