@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::http::{percent_decode, Reply, Request, Server};
 use super::{sqlite_bytes, tidemark};
+use crate::support::http::{percent_decode, Reply, Request, Server};
 use crate::support::{backend_tests, Backend, Env, Out, TestDb};
 
 backend_tests! {
