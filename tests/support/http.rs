@@ -181,9 +181,12 @@ impl Server {
             .enable_all()
             .build()
             .expect("server runtime");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind 127.0.0.1:0");
+        // Bound here, not on the runtime: a test may start a server from
+        // inside its own runtime, where `block_on` is not allowed.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
         let base = format!("http://{}", listener.local_addr().unwrap());
         let shared = Arc::new(Shared {
             base: base.clone(),
@@ -194,6 +197,7 @@ impl Server {
         });
         let accept = Arc::clone(&shared);
         runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
             while let Ok((stream, _)) = listener.accept().await {
                 tokio::spawn(connection(stream, Arc::clone(&accept)));
             }
