@@ -1,18 +1,14 @@
-//! A temporary working folder with one pipeline file and one SQLite
-//! database, and the real `tidemark` binary run in it.
-
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+//! One test's folder, `orders` pipeline over the fake API, and SQLite
+//! database: the suite's [`Env`] (which runs the binary and owns the
+//! database), plus what every `tests/http` scenario writes and reads.
 
 use serde_json::Value;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
+use crate::support::{Env, Out, Running};
 
 /// One test's folder, pipeline and database.
 pub struct Case {
-    pub dir: tempfile::TempDir,
-    pub db: PathBuf,
-    env: Vec<(String, String)>,
+    env: Env,
 }
 
 /// How a pipeline reads the fake API.
@@ -27,18 +23,12 @@ pub struct Source<'a> {
 
 impl Case {
     pub fn new() -> Case {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let db = dir.path().join("t.db");
-        Case {
-            dir,
-            db,
-            env: Vec::new(),
-        }
+        Case { env: Env::sqlite() }
     }
 
     /// An environment variable for every run.
     pub fn env(mut self, name: &str, value: &str) -> Case {
-        self.env.push((name.into(), value.into()));
+        self.env.set_var(name, value);
         self
     }
 
@@ -73,65 +63,23 @@ batch_size = {batch_size}
             batch_size = source.batch_size,
             retry = source.retry,
         );
-        let dir = self.dir.path().join("pipelines");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("orders.toml"), text).unwrap();
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.current_dir(self.dir.path())
-            .arg("--database-url")
-            .arg(format!("sqlite://{}", self.db.display()))
-            .args(args)
-            .env_remove("TIDEMARK_DATABASE_URL")
-            .env_remove("TIDEMARK_LOG")
-            .stdin(Stdio::null());
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        cmd
+        self.env.write("pipelines/orders.toml", &text);
     }
 
     /// Runs `tidemark ARGS` to completion.
     pub fn run(&self, args: &[&str]) -> Out {
-        self.run_with(args, &[])
-    }
-
-    /// Runs `tidemark ARGS` with extra environment variables.
-    pub fn run_with(&self, args: &[&str], env: &[(&str, &str)]) -> Out {
-        let mut cmd = self.command(args);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        Out::from(cmd.output().expect("run tidemark"))
+        self.env.tidemark(args)
     }
 
     /// Starts `tidemark ARGS` in the background.
-    pub fn spawn(&self, args: &[&str]) -> Child {
-        self.command(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn tidemark")
-    }
-
-    /// `status orders --json`, one object per run key.
-    pub fn status(&self) -> Vec<Value> {
-        let out = self.run(&["status", "orders", "--json"]);
-        assert_eq!(out.code, Some(0), "status failed: {out}");
-        out.stdout
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| {
-                serde_json::from_str(l).unwrap_or_else(|e| panic!("bad status line {l:?}: {e}"))
-            })
-            .collect()
+    pub fn spawn(&self, args: &[&str]) -> Running {
+        self.env.spawn(args)
     }
 
     /// The ledger entry of the period starting on `day`.
     pub fn status_of(&self, day: &str) -> Value {
-        self.status()
+        self.env
+            .status("orders")
             .into_iter()
             .find(|s| {
                 s["period_start"]
@@ -150,71 +98,22 @@ batch_size = {batch_size}
 
     /// One text column of a query on the destination database.
     pub fn query(&self, sql: &str) -> Vec<String> {
-        let url = format!("sqlite://{}", self.db.display());
-        let sql = sql.to_string();
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async move {
-                use sqlx::Connection;
-                let mut conn = sqlx::SqliteConnection::connect(&url)
-                    .await
-                    .expect("open test database");
-                let rows: Vec<String> = sqlx::query_scalar(&sql)
-                    .fetch_all(&mut conn)
-                    .await
-                    .expect("query");
-                let _ = conn.close().await;
-                rows
+        self.env
+            .db
+            .rows_blocking(sql)
+            .into_iter()
+            .map(|row| {
+                row.into_iter()
+                    .next()
+                    .flatten()
+                    .unwrap_or_else(|| panic!("{sql}: NULL or no column"))
             })
+            .collect()
     }
 
     /// Every byte of the database files (main file, WAL, shared memory).
     pub fn database_bytes(&self) -> Vec<u8> {
-        let mut bytes = Vec::new();
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            let path = PathBuf::from(format!("{}{suffix}", self.db.display()));
-            if let Ok(b) = std::fs::read(&path) {
-                bytes.extend(b);
-            }
-        }
-        bytes
-    }
-}
-
-/// A finished process.
-pub struct Out {
-    pub code: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl From<Output> for Out {
-    fn from(output: Output) -> Out {
-        Out {
-            code: output.status.code(),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
-    }
-}
-
-impl std::fmt::Display for Out {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-impl Out {
-    #[track_caller]
-    pub fn expect(&self, code: i32) -> &Out {
-        assert_eq!(self.code, Some(code), "{self}");
-        self
+        self.env.db.sqlite_bytes()
     }
 }
 

@@ -37,7 +37,7 @@ fn backfill(api: &Api, settings: &str, batch_size: usize) -> Vec<usize> {
         "--concurrency",
         "2",
     ])
-    .expect(0);
+    .expect_code(0, "run");
     for day in DAYS {
         assert_eq!(
             case.ids(day),

@@ -39,7 +39,7 @@ rate_limit = {{ per_second = {PER_SECOND}, burst = {BURST} }}"#,
         "--concurrency",
         "4",
     ])
-    .expect(0);
+    .expect_code(0, "run");
     for day in days {
         assert_eq!(case.ids(day), ids(day, 40));
     }
