@@ -1,17 +1,22 @@
-//! Shared helpers for the end-to-end tests.
+//! The one support module of the end-to-end tests.
 //!
-//! Every test gets an [`Env`]: a fresh temporary working directory holding
-//! copies of the example pipelines and their sample data (so a test may
-//! edit them freely), and a [`TestDb`]: a fresh destination database on the
-//! chosen [`Backend`]. The real `tidemark` binary runs in that directory
-//! with `--database-url` given explicitly and no `TIDEMARK_*` variables
-//! inherited from the caller.
+//! Every test gets an [`Env`] ([`proc`]): a fresh temporary working
+//! directory holding copies of the example pipelines and their sample data
+//! (so a test may edit them freely), and a [`TestDb`] ([`db`]): a fresh
+//! destination database on the chosen [`Backend`], dropped with the `Env`,
+//! also when the test panics ([`pg`]). The real `tidemark` binary runs in
+//! that directory with `--database-url` given explicitly and no
+//! `TIDEMARK_*` variables inherited from the caller.
 //!
 //! Database reads go through sqlx and come back as text
 //! (`Vec<Vec<Option<String>>>`, every selected expression cast to TEXT), so
 //! assertions read the same on both backends; [`norm_decimal`] and
 //! [`norm_timestamp`] turn the few values whose text differs (numeric
 //! scale, timestamptz rendering) into one canonical form.
+//!
+//! A test that needs an HTTP source starts the one fake server,
+//! [`http::Server`], with a handler; [`files`] reads and edits CSV and
+//! pipeline files.
 //!
 //! [`backend_tests!`] turns one `async fn scenario(backend: Backend)` into a
 //! `#[tokio::test]` per backend.
