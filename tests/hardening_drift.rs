@@ -7,4 +7,3 @@
 
 mod added_fields;
 mod bodies;
-mod raw_server;

@@ -2,12 +2,11 @@
 //! issue 11 defect 1: the ways a file or an API could make a period lose
 //! rows silently, leak a secret, hang or mislead. Every scenario runs the
 //! real binary on SQLite and PostgreSQL against files it writes or a local
-//! HTTP server ([`server`]) that counts its requests.
+//! HTTP server ([`crate::support::http`]) that counts its requests.
 
 mod files;
 mod http;
 mod secrets;
-pub mod server;
 
 use std::io::Read;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! 127.0.0.1 with injectable faults and a log of every request.
 
 pub(crate) mod api;
-mod harness;
+mod case;
 
 mod errors;
 mod example;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use sqlx::Connection as _;
 
+use crate::support::pg::PgTablespace;
 use crate::support::{Backend, Env, DEFAULT_PG_URL};
 
 /// A tmpfs of a given size, unmounted when dropped.
@@ -170,6 +171,11 @@ async fn full_disk_during_migration_fails_fast_and_recovers_sqlite() {
 /// tmpfs, so the ledger and the destination table fill it.
 #[tokio::test]
 async fn full_disk_fails_fast_stops_claiming_and_recovers_postgres() {
+    let space = format!("tm_small_{}", std::process::id());
+    // Dropped after the test database that uses it, also on a panic.
+    let _tablespace = PgTablespace {
+        name: space.clone(),
+    };
     let env = Env::orders(Backend::Postgres).await;
     let disk = SmallDisk::mount(&env.path("small-disk"), "1M");
     let status = Command::new("chown")
@@ -178,7 +184,6 @@ async fn full_disk_fails_fast_stops_claiming_and_recovers_postgres() {
         .status()
         .expect("chown");
     assert!(status.success());
-    let space = format!("tm_small_{}", std::process::id());
     let admin_url =
         std::env::var("TIDEMARK_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_string());
     let mut admin = sqlx::PgConnection::connect(&admin_url)

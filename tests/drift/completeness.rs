@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use serde_json::Value as Json;
 
-use crate::hardening_extract::server::{Reply, Request, Server};
 use crate::hardening_extract::{ids, ledger, run, write_pipeline};
+use crate::support::http::{Reply, Request, Server};
 use crate::support::{backend_tests, Backend, Env};
 
 backend_tests! {

@@ -8,8 +8,8 @@
 
 use serde_json::Value as Json;
 
-use crate::hardening_extract::server::{Reply, Server};
 use crate::hardening_extract::{ledger, write_pipeline};
+use crate::support::http::{Reply, Server};
 use crate::support::{backend_tests, Backend, Env};
 
 backend_tests! {

@@ -1,11 +1,12 @@
 //! Item 12: a body that arrived but cannot be decoded is permanent; only a
-//! body cut by the transport is transient. The server counts requests:
+//! body cut by the transport is transient. The server answers raw bytes
+//! ([`Reply::Raw`]) and counts requests:
 //! exactly one for a body that cannot be decoded, every try for a cut one.
 
 use std::io::Write as _;
 
-use super::raw_server::{chunked, response, RawServer};
 use crate::hardening_extract::{ledger, write_pipeline};
+use crate::support::http::{raw_chunked, raw_response, Reply, Server};
 use crate::support::{backend_tests, Backend, Env};
 
 backend_tests! {
@@ -27,7 +28,7 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 
 /// Pipeline `api` reading JSON pages from `server`, with a secret in the
 /// query that no message may show.
-fn api(env: &Env, server: &RawServer) {
+fn api(env: &Env, server: &Server) {
     write_pipeline(
         env,
         "api",
@@ -67,42 +68,46 @@ async fn undecodable_body_fails_as_parse_after_one_request(backend: Backend) {
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
             "corrupt gzip",
-            response(&corrupt, gz, usize::MAX),
+            raw_response(&corrupt, gz, usize::MAX),
             "cannot be decoded",
         ),
         (
             "a gzip stream ending inside a complete body",
-            response(&short_stream, gz, usize::MAX),
+            raw_response(&short_stream, gz, usize::MAX),
             "cannot be decoded",
         ),
         (
             "garbage chunk framing",
-            chunked("zz\r\n{\"data\":[]}\r\n0\r\n\r\n"),
+            raw_chunked("zz\r\n{\"data\":[]}\r\n0\r\n\r\n"),
             "Invalid chunk size",
         ),
         (
             "br",
-            response(PAGE, "content-encoding: br\r\n", usize::MAX),
+            raw_response(PAGE, "content-encoding: br\r\n", usize::MAX),
             "Content-Encoding: br",
         ),
         (
             "deflate",
-            response(PAGE, "content-encoding: deflate\r\n", usize::MAX),
+            raw_response(PAGE, "content-encoding: deflate\r\n", usize::MAX),
             "Content-Encoding: deflate",
         ),
         (
             "latin-1 in a JSON page",
-            response(br#"{"data":[{"id":"caf\xe9"}]}"#, "", usize::MAX),
+            raw_response(br#"{"data":[{"id":"caf\xe9"}]}"#, "", usize::MAX),
             "invalid",
         ),
         (
             "a body longer than its Content-Length",
-            [response(&PAGE[..10], "", usize::MAX), PAGE[10..].to_vec()].concat(),
+            [
+                raw_response(&PAGE[..10], "", usize::MAX),
+                PAGE[10..].to_vec(),
+            ]
+            .concat(),
             "invalid JSON",
         ),
     ];
     for (name, bytes, what) in cases {
-        let server = RawServer::start(bytes);
+        let server = Server::start(move |_| Reply::Raw(bytes.clone()));
         api(&env, &server);
         let out = run_api(&env);
         out.expect_code(1, name);
@@ -137,18 +142,21 @@ async fn body_cut_by_the_transport_is_retried(backend: Backend) {
     let env = Env::new(backend).await;
     let zipped = gzip(PAGE);
     let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("a plain body cut short", response(PAGE, "", PAGE.len() / 2)),
+        (
+            "a plain body cut short",
+            raw_response(PAGE, "", PAGE.len() / 2),
+        ),
         (
             "a gzip body cut short",
-            response(&zipped, "content-encoding: gzip\r\n", zipped.len() / 2),
+            raw_response(&zipped, "content-encoding: gzip\r\n", zipped.len() / 2),
         ),
         (
             "a chunked body cut mid-chunk",
-            chunked("20\r\n{\"data\":[{\"id\""),
+            raw_chunked("20\r\n{\"data\":[{\"id\""),
         ),
     ];
     for (name, bytes) in cases {
-        let server = RawServer::start(bytes);
+        let server = Server::start(move |_| Reply::Raw(bytes.clone()));
         api(&env, &server);
         let out = run_api(&env);
         out.expect_code(1, name);

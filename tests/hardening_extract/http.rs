@@ -9,8 +9,8 @@ use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::server::{Reply, Request, Server};
 use super::{ids, ledger, run, tidemark, write_pipeline};
+use crate::support::http::{Reply, Request, Server};
 use crate::support::{backend_tests, Backend, Env};
 
 backend_tests! {

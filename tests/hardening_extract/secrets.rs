@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::server::{percent_decode, Reply, Request, Server};
 use super::{sqlite_bytes, tidemark};
+use crate::support::http::{percent_decode, Hit, Reply, Request, Server};
 use crate::support::{backend_tests, Backend, Env, Out, TestDb};
 
 backend_tests! {
@@ -298,7 +298,7 @@ async fn secrets_never_leave_the_requests_in_any_encoding(backend: Backend) {
                 && h.headers.get("authorization") == Some(&format!("Bearer {TOKEN}"))),
         "every request carried both secrets"
     );
-    let resumed: Vec<&Request> = hits
+    let resumed: Vec<&Hit> = hits
         .iter()
         .filter(|h| h.query.contains_key("cursor") || h.query.contains_key("page"))
         .collect();

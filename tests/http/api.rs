@@ -1,7 +1,7 @@
-//! A fake paginated HTTP API on 127.0.0.1:0, written on bare TCP so that
-//! faults below HTTP (a reset mid-body, a body shorter than announced) are
-//! exact. It runs on its own runtime thread, so tests drive the real
-//! `tidemark` binary synchronously.
+//! A fake paginated HTTP API: a handler of the suite's one fake server
+//! ([`crate::support::http::Server`], bare TCP on 127.0.0.1:0 on a runtime
+//! of its own, so faults below HTTP are exact and tests drive the real
+//! `tidemark` binary synchronously).
 //!
 //! Each day (`?day=YYYY-MM-DD`) has a configured number of records
 //! `{"id": "DAY-00001", "day": DAY, "amount": 1.5}`, served under one path
@@ -22,8 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use crate::support::http::{Reply, Request, Server};
 
 /// Page size of the cursor and link styles, chosen by the server.
 pub const SERVER_PAGE_SIZE: usize = 10;
@@ -84,27 +83,27 @@ pub struct Hit {
     pub authorization: Option<String>,
 }
 
+/// What the API knows beyond the server's own log of a request.
+#[derive(Debug, Clone)]
+struct Note {
+    page: u64,
+    retry_after: Option<String>,
+    fault: Option<&'static str>,
+}
+
 struct Shared {
     records: Box<dyn Fn(&str) -> usize + Send + Sync>,
     token: Option<String>,
     plan: Mutex<FaultPlan>,
-    hits: Mutex<Vec<Hit>>,
-    base: String,
+    /// By [`Request::seq`].
+    notes: Mutex<HashMap<usize, Note>>,
 }
 
-/// The running server; stops when dropped.
+/// The running API; stops when dropped.
 pub struct Api {
     pub base: String,
     shared: Arc<Shared>,
-    runtime: Option<tokio::runtime::Runtime>,
-}
-
-impl Drop for Api {
-    fn drop(&mut self) {
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
-    }
+    server: Server,
 }
 
 impl Api {
@@ -114,32 +113,18 @@ impl Api {
         records: impl Fn(&str) -> usize + Send + Sync + 'static,
         token: Option<&str>,
     ) -> Api {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("server runtime");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind 127.0.0.1:0");
-        let base = format!("http://{}", listener.local_addr().unwrap());
         let shared = Arc::new(Shared {
             records: Box::new(records),
             token: token.map(str::to_string),
             plan: Mutex::new(Arc::new(|_: &Req| None)),
-            hits: Mutex::new(Vec::new()),
-            base: base.clone(),
+            notes: Mutex::new(HashMap::new()),
         });
-        let accept = Arc::clone(&shared);
-        runtime.spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(connection(stream, Arc::clone(&accept)));
-            }
-        });
+        let handler = Arc::clone(&shared);
+        let server = Server::start(move |request| handle(&handler, request));
         Api {
-            base,
+            base: server.base.clone(),
             shared,
-            runtime: Some(runtime),
+            server,
         }
     }
 
@@ -150,7 +135,30 @@ impl Api {
 
     /// Every request so far, in arrival order.
     pub fn hits(&self) -> Vec<Hit> {
-        let mut hits = self.shared.hits.lock().unwrap().clone();
+        let notes = self.shared.notes.lock().unwrap().clone();
+        let mut hits: Vec<Hit> = self
+            .server
+            .hits()
+            .into_iter()
+            .map(|hit| {
+                let note = notes.get(&hit.seq).cloned().unwrap_or(Note {
+                    page: 0,
+                    retry_after: None,
+                    fault: None,
+                });
+                Hit {
+                    at: hit.at,
+                    done: hit.done,
+                    target: hit.target.clone(),
+                    day: hit.query.get("day").cloned().unwrap_or_default(),
+                    page: note.page,
+                    status: hit.status,
+                    retry_after: note.retry_after,
+                    fault: note.fault,
+                    authorization: hit.headers.get("authorization").cloned(),
+                }
+            })
+            .collect();
         hits.sort_by_key(|h| h.at);
         hits
     }
@@ -168,98 +176,6 @@ impl Api {
 /// The ids of a day's records, as the API serves them.
 pub fn ids(day: &str, n: usize) -> Vec<String> {
     (1..=n).map(|i| format!("{day}-{i:05}")).collect()
-}
-
-async fn connection(mut stream: TcpStream, shared: Arc<Shared>) {
-    let mut buf = Vec::new();
-    loop {
-        let Some(end) = read_head(&mut stream, &mut buf).await else {
-            return;
-        };
-        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-        buf.drain(..end + 4);
-        let at = Instant::now();
-        if !handle(&mut stream, &shared, &head, at).await {
-            return;
-        }
-    }
-}
-
-async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            return Some(end);
-        }
-        let mut chunk = [0u8; 8192];
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
-/// A parsed request.
-struct Request {
-    target: String,
-    path: String,
-    query: HashMap<String, String>,
-    authorization: Option<String>,
-}
-
-fn parse_request(head: &str) -> Request {
-    let target = head.split_whitespace().nth(1).unwrap_or("/").to_string();
-    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-    let query = url_decode_pairs(query);
-    let authorization = head
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
-        .map(|(_, v)| v.trim().to_string());
-    Request {
-        path: path.to_string(),
-        target,
-        query,
-        authorization,
-    }
-}
-
-fn url_decode_pairs(query: &str) -> HashMap<String, String> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
-}
-
-fn decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = (bytes[i] == b'%')
-            .then(|| bytes.get(i + 1..i + 3))
-            .flatten()
-            .and_then(|hex| u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok());
-        match (bytes[i], escaped) {
-            (_, Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b'+', None) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (b, None) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn encode(s: &str) -> String {
@@ -347,7 +263,7 @@ fn route(shared: &Shared, req: &Request) -> (u64, Response) {
                     .collect();
                 headers.push((
                     "link".into(),
-                    format!("<{}/link?{}>; rel=\"next\"", shared.base, q.join("&")),
+                    format!("<{}/link?{}>; rel=\"next\"", req.base, q.join("&")),
                 ));
             }
             let body: String = (start..(start + SERVER_PAGE_SIZE).min(n))
@@ -413,24 +329,31 @@ fn json_page(
     }
 }
 
-/// Answers one request; `false` when the connection is done.
-async fn handle(stream: &mut TcpStream, shared: &Shared, head: &str, at: Instant) -> bool {
-    let req = parse_request(head);
-    let (page, mut response) = route(shared, &req);
-    let day = req.query.get("day").cloned().unwrap_or_default();
-    let nth = {
-        let hits = shared.hits.lock().unwrap();
-        hits.iter().filter(|h| h.target == req.target).count() + 1
-    };
+impl Response {
+    fn reply(self) -> Reply {
+        let mut headers = vec![("content-type".to_string(), self.content_type.to_string())];
+        headers.extend(self.headers);
+        Reply::Full {
+            status: self.status,
+            headers,
+            body: self.body.into_bytes(),
+        }
+    }
+}
+
+/// Answers one request: its page, unless the fault plan (or a missing
+/// credential) says otherwise.
+fn handle(shared: &Shared, req: &Request) -> Reply {
+    let (page, mut response) = route(shared, req);
     let info = Req {
-        day: day.clone(),
+        day: req.query.get("day").cloned().unwrap_or_default(),
         page,
-        nth,
+        nth: req.nth,
     };
     let plan = Arc::clone(&shared.plan.lock().unwrap());
     let mut fault = plan(&info);
     if let Some(token) = &shared.token {
-        let bearer = req.authorization.as_deref() == Some(&format!("Bearer {token}"));
+        let bearer = req.headers.get("authorization") == Some(&format!("Bearer {token}"));
         let key = req.query.get("api_key") == Some(token);
         if !(bearer && key) {
             fault = Some(Fault::Status(
@@ -440,33 +363,16 @@ async fn handle(stream: &mut TcpStream, shared: &Shared, head: &str, at: Instant
             ));
         }
     }
-    let mut hit = Hit {
-        at,
-        done: at,
-        target: req.target.clone(),
-        day,
+    let mut note = Note {
         page,
-        status: response.status,
         retry_after: None,
         fault: fault.as_ref().map(Fault::name),
-        authorization: req.authorization.clone(),
     };
-    // Logged before answering, so a test that waits for a request sees it
-    // while a held response is still pending.
-    let index = {
-        let mut hits = shared.hits.lock().unwrap();
-        hits.push(hit.clone());
-        hits.len() - 1
-    };
-    let keep_open = match fault {
-        None => write(stream, &response).await,
-        Some(Fault::Hold(wait)) => {
-            tokio::time::sleep(wait).await;
-            write(stream, &response).await
-        }
+    let reply = match fault {
+        None => response.reply(),
+        Some(Fault::Hold(wait)) => Reply::Hold(wait, Box::new(response.reply())),
         Some(Fault::Status(status, retry_after, body)) => {
-            hit.status = status;
-            hit.retry_after = retry_after.clone();
+            note.retry_after = retry_after.clone();
             response = Response {
                 status,
                 content_type: "text/plain",
@@ -476,66 +382,15 @@ async fn handle(stream: &mut TcpStream, shared: &Shared, head: &str, at: Instant
             if let Some(after) = retry_after {
                 response.headers.push(("retry-after".into(), after));
             }
-            write(stream, &response).await
+            response.reply()
         }
         Some(Fault::Malformed) => {
             response.body = "{\"data\": [\n  {\"id\": \"x\",, }\n]}".into();
-            write(stream, &response).await
+            response.reply()
         }
-        Some(Fault::Reset) => {
-            let head = head_of(&response, response.body.len());
-            let _ = stream.write_all(head.as_bytes()).await;
-            let _ = stream
-                .write_all(&response.body.as_bytes()[..response.body.len() / 2])
-                .await;
-            let _ = stream.flush().await;
-            let _ = stream.set_zero_linger();
-            false
-        }
-        Some(Fault::Truncate) => {
-            let head = head_of(&response, response.body.len());
-            let _ = stream.write_all(head.as_bytes()).await;
-            let _ = stream
-                .write_all(&response.body.as_bytes()[..response.body.len() / 2])
-                .await;
-            let _ = stream.shutdown().await;
-            false
-        }
+        Some(Fault::Reset) => Reply::Reset(Box::new(response.reply())),
+        Some(Fault::Truncate) => Reply::Truncate(Box::new(response.reply())),
     };
-    hit.done = Instant::now();
-    shared.hits.lock().unwrap()[index] = hit;
-    keep_open
-}
-
-fn head_of(response: &Response, len: usize) -> String {
-    let mut head = format!(
-        "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncontent-length: {len}\r\n",
-        response.status,
-        reason(response.status),
-        response.content_type
-    );
-    for (name, value) in &response.headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    head
-}
-
-async fn write(stream: &mut TcpStream, response: &Response) -> bool {
-    let mut bytes = head_of(response, response.body.len()).into_bytes();
-    bytes.extend_from_slice(response.body.as_bytes());
-    stream.write_all(&bytes).await.is_ok()
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        404 => "Not Found",
-        429 => "Too Many Requests",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Whatever",
-    }
+    shared.notes.lock().unwrap().insert(req.seq, note);
+    reply
 }

@@ -3,7 +3,7 @@
 //! secrets redacted) and the status.
 
 use super::api::{Api, Fault};
-use super::harness::{Case, Source, QUICK_RETRY};
+use super::case::{Case, Source, QUICK_RETRY};
 
 const KEY: &str = "k3y-only-in-env-5150";
 
@@ -43,7 +43,7 @@ pagination = {{ style = "page", size_param = "per_page", size = 10 }}"#,
     });
     for (day, code, status_text) in cases {
         let out = case.run(&["run", "orders", "--period", day]);
-        out.expect(1);
+        out.expect_code(1, "run");
         let requests = api.hits().iter().filter(|h| h.day == day).count();
         eprintln!("test 3: HTTP {code} -> {requests} request(s)");
         assert_eq!(requests, 1, "no retry for {code}");

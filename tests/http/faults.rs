@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::api::{ids, Api, Fault};
-use super::harness::{Case, Source, QUICK_RETRY};
+use super::case::{Case, Source, QUICK_RETRY};
 
 const PAGED: &str = r#"url = "BASE/page"
 format = "json"
@@ -56,7 +56,7 @@ fn flaky_api_backfill_succeeds_and_honours_retry_after() {
         "--concurrency",
         "2",
     ]);
-    out.expect(0);
+    out.expect_code(0, "run");
     for day in days {
         assert_eq!(case.ids(day), ids(day, 35), "{day}");
     }
@@ -134,7 +134,7 @@ fn reset_and_truncated_body_are_retried_without_refetching_earlier_pages() {
         retry: QUICK_RETRY,
     });
     let out = case.run(&["run", "orders", "--period", day]);
-    out.expect(0);
+    out.expect_code(0, "run");
     assert_eq!(case.ids(day), ids(day, 45));
     let per_page = api.per_page(day);
     eprintln!("test 4 requests per page (reset + truncation): {per_page:?}");
@@ -179,7 +179,7 @@ fn a_killed_run_resumes_at_the_page_in_progress() {
             started.elapsed() < Duration::from_secs(60),
             "page 3 was never requested"
         );
-        assert!(child.try_wait().unwrap().is_none(), "tidemark exited early");
+        assert!(!child.exited(), "tidemark exited early");
         std::thread::sleep(Duration::from_millis(20));
     }
     // Reading runs one batch ahead of loading: page 3 can be requested
@@ -191,8 +191,7 @@ fn a_killed_run_resumes_at_the_page_in_progress() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    child.kill9();
     let status = case.status_of(day);
     assert_eq!(status["status"], "running", "{status}");
     assert_eq!(
@@ -201,7 +200,8 @@ fn a_killed_run_resumes_at_the_page_in_progress() {
     );
 
     api.faults(|_| None);
-    case.run(&["run", "orders", "--period", day]).expect(0);
+    case.run(&["run", "orders", "--period", day])
+        .expect_code(0, "run");
     assert_eq!(case.ids(day), ids(day, 45));
     let per_page = api.per_page(day);
     eprintln!("test 4 requests per page (kill -9 during page 3, then resume): {per_page:?}");
@@ -225,7 +225,7 @@ fn malformed_json_fails_at_once_naming_page_and_position() {
         retry: QUICK_RETRY,
     });
     let out = case.run(&["run", "orders", "--period", day]);
-    out.expect(1);
+    out.expect_code(1, "run");
     assert_eq!(
         api.per_page(day).into_iter().collect::<Vec<_>>(),
         [(1, 1), (2, 1)]

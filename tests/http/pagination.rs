@@ -3,7 +3,7 @@
 //! an empty period.
 
 use super::api::{ids, Api, SERVER_PAGE_SIZE};
-use super::harness::{Case, Source, QUICK_RETRY};
+use super::case::{Case, Source, QUICK_RETRY};
 
 /// Day 1: 25 records (two full pages and a short one); day 2: 20 (ends on a
 /// full page); day 3: nothing.
@@ -37,7 +37,7 @@ fn backfill(api: &Api, settings: &str, batch_size: usize) -> Vec<usize> {
         "--concurrency",
         "2",
     ])
-    .expect(0);
+    .expect_code(0, "run");
     for day in DAYS {
         assert_eq!(
             case.ids(day),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::api::{ids, Api};
-use super::harness::{Case, Source, QUICK_RETRY};
+use super::case::{Case, Source, QUICK_RETRY};
 
 const PER_SECOND: usize = 5;
 const BURST: usize = 1;
@@ -39,7 +39,7 @@ rate_limit = {{ per_second = {PER_SECOND}, burst = {BURST} }}"#,
         "--concurrency",
         "4",
     ])
-    .expect(0);
+    .expect_code(0, "run");
     for day in days {
         assert_eq!(case.ids(day), ids(day, 40));
     }

@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use super::api::{ids, Api, Fault};
-use super::harness::{Case, Out, Source, QUICK_RETRY};
+use super::case::{Case, Source, QUICK_RETRY};
+use crate::support::Out;
 
 const TOKEN: &str = "tm-s3cret-token-8e1f0c";
 
@@ -43,11 +44,11 @@ pagination = {{ style = "link_header" }}"#,
     let mut outputs: Vec<Out> = Vec::new();
 
     outputs.push(case.run(&["run", "orders", "--period", ok_day]));
-    outputs.last().unwrap().expect(0);
+    outputs.last().unwrap().expect_code(0, "run");
     assert_eq!(case.ids(ok_day), ids(ok_day, 25));
 
     outputs.push(case.run(&["--log-format", "json", "run", "orders", "--period", bad_day]));
-    outputs.last().unwrap().expect(1);
+    outputs.last().unwrap().expect_code(1, "run");
     let failed = case.status_of(bad_day);
     let message = failed["error_message"].as_str().unwrap();
     assert!(
@@ -57,7 +58,7 @@ pagination = {{ style = "link_header" }}"#,
 
     // Killed while page 3 is in flight: the checkpoint names page 3 by its
     // `Link` URL, which the API built with the key in it.
-    let mut child = case.spawn(&["run", "orders", "--period", killed_day]);
+    let child = case.spawn(&["run", "orders", "--period", killed_day]);
     let started = Instant::now();
     while !api
         .hits()
@@ -79,11 +80,10 @@ pagination = {{ style = "link_header" }}"#,
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.kill().unwrap();
-    outputs.push(Out::from(child.wait_with_output().unwrap()));
+    outputs.push(child.kill9());
     api.faults(|_| None);
     outputs.push(case.run(&["run", "orders", "--period", killed_day]));
-    outputs.last().unwrap().expect(0);
+    outputs.last().unwrap().expect_code(0, "run");
     assert_eq!(case.ids(killed_day), ids(killed_day, 25));
     assert_eq!(
         api.per_page(killed_day).into_iter().collect::<Vec<_>>(),
@@ -92,7 +92,7 @@ pagination = {{ style = "link_header" }}"#,
     );
 
     let status = case.run(&["status", "orders", "--json"]);
-    status.expect(0);
+    status.expect_code(0, "status --json");
     outputs.push(status);
     outputs.push(case.run(&["status", "orders"]));
 

@@ -12,7 +12,7 @@ use tidemark_core::Pipeline;
 use tidemark_extract::SourceReader;
 
 use super::api::{ids, Api};
-use super::harness::{Case, Source, QUICK_RETRY};
+use super::case::{Case, Source, QUICK_RETRY};
 
 const RECORDS: usize = 100_000;
 const DAY: &str = "2024-06-01";
@@ -78,7 +78,8 @@ fn records_per_second_through_http() {
         retry: QUICK_RETRY,
     });
     let started = Instant::now();
-    case.run(&["run", "orders", "--period", DAY]).expect(0);
+    case.run(&["run", "orders", "--period", DAY])
+        .expect_code(0, "run");
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
         "end to end (tidemark run, pages of 1000, SQLite): {RECORDS} records in {secs:.2} s, {:.0} records/s",

@@ -1,12 +1,15 @@
 //! Ledger behaviour written once and run against SQLite and PostgreSQL:
 //! concurrent claims, fencing of superseded attempts, contract checks.
 
+mod support;
+
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Connection;
+use support::{both_backends, TestDb};
 use tidemark_core::{Error, Pipeline, Row, RunKey};
 use tidemark_load::{
     Claim, ClaimRequest, ClaimedRun, RunWriter, Store, TableSchema, WorkerId, WriterOptions,
@@ -50,58 +53,6 @@ table = "items"
 key = ["id"]
 "#
 );
-
-/// A fresh database for one test: a SQLite file, or a PostgreSQL database
-/// created on the test server and dropped afterwards.
-struct TestDb {
-    url: String,
-    pg_name: Option<String>,
-    _dir: tempfile::TempDir,
-}
-
-fn admin_url() -> String {
-    std::env::var("TIDEMARK_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-impl TestDb {
-    async fn new(postgres: bool) -> TestDb {
-        let dir = tempfile::tempdir().unwrap();
-        if !postgres {
-            let url = format!("sqlite://{}", dir.path().join("t.db").display());
-            return TestDb {
-                url,
-                pg_name: None,
-                _dir: dir,
-            };
-        }
-        let name = format!("tm_ledger_{}", uuid::Uuid::new_v4().simple());
-        let admin = admin_url();
-        let mut conn = sqlx::PgConnection::connect(&admin)
-            .await
-            .expect("PostgreSQL for tests");
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
-        TestDb {
-            url,
-            pg_name: Some(name),
-            _dir: dir,
-        }
-    }
-
-    async fn drop_db(self) {
-        if let Some(name) = &self.pg_name {
-            let mut conn = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
-            sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                .execute(&mut conn)
-                .await
-                .unwrap();
-        }
-    }
-}
 
 fn pipeline() -> Pipeline {
     Pipeline::parse(PIPELINE, Path::new("p.toml")).unwrap()
@@ -170,7 +121,6 @@ async fn concurrent_claims_have_exactly_one_winner(postgres: bool) {
             .count();
         assert_eq!((winners, held), (1, 1), "trial {trial}: {outcomes:?}");
     }
-    db.drop_db().await;
 }
 
 async fn superseded_attempt_cannot_commit(postgres: bool) {
@@ -231,7 +181,6 @@ async fn superseded_attempt_cannot_commit(postgres: bool) {
         Claim::Done(result) => assert_eq!(result["rows_inserted"], 2),
         other => panic!("expected done, got {other:?}"),
     }
-    db.drop_db().await;
 }
 
 async fn changed_key_type_is_a_contract_error(postgres: bool) {
@@ -258,7 +207,6 @@ async fn changed_key_type_is_a_contract_error(postgres: bool) {
         }
         other => panic!("expected a contract error, got {other:?}"),
     }
-    db.drop_db().await;
 }
 
 /// A natural key already loaded under another run key is taken over (its
@@ -285,7 +233,6 @@ async fn key_from_another_run_key_is_taken_over(postgres: bool) {
         }
     }
     assert_eq!(count_rows(&db.url).await, 3, "key 2 exists once");
-    db.drop_db().await;
 }
 
 /// A row soft-deleted by one run and back in the source of the next is
@@ -341,7 +288,6 @@ async fn soft_deleted_row_that_returns_is_revived(postgres: bool) {
         "inserted, updated, unchanged, deleted per run"
     );
     assert_eq!(count_rows(&db.url).await, 3, "key 3 exists once");
-    db.drop_db().await;
 }
 
 /// Stored keys of every key type read back to the hashes the transform
@@ -438,7 +384,6 @@ key = ["t", "n", "d", "b", "day", "ts", "tz"]
              AND d = '10.5' AND day = '2024-02-29'"#
     };
     assert_eq!(scalar(&db.url, stored).await, 3, "values stored as typed");
-    db.drop_db().await;
 }
 
 /// After a crash, the resumed attempt knows every key its committed batches
@@ -529,7 +474,6 @@ async fn resume_knows_what_committed_batches_saw(postgres: bool) {
     let result = writer.finish(&delete).await.unwrap();
     assert_eq!(result["rows_deleted"].as_u64(), Some(1), "{result}");
     assert_eq!(count_rows(&db.url).await, 3, "rows 1-3 stay");
-    db.drop_db().await;
 }
 
 /// Claims the run key, writes `rows` as one batch and finishes: the result.
@@ -694,7 +638,6 @@ async fn ledger_of_the_first_migration_upgrades_with_its_history(postgres: bool)
         0
     );
     store.close().await;
-    db.drop_db().await;
 }
 
 /// A long-lived process (`serve`) keeps its pooled connections, and
@@ -749,7 +692,6 @@ async fn added_column_is_written_by_a_pool_that_merged_before(postgres: bool) {
         1
     );
     store.close().await;
-    db.drop_db().await;
 }
 
 // ---------------------------------------------------------------------------
@@ -801,7 +743,7 @@ async fn enqueue_days(
 /// rank (priority as a head start, then age), and an empty queue claims
 /// nothing.
 async fn queue_claims_by_priority_then_age_once_each(postgres: bool) {
-    let (db, store, _) = with_table(postgres, &pipeline()).await;
+    let (_db, store, _) = with_table(postgres, &pipeline()).await;
     assert_eq!(
         enqueue_days(&store, &["2024-01-01", "2024-01-02"], 0, &[]).await,
         2
@@ -846,12 +788,11 @@ async fn queue_claims_by_priority_then_age_once_each(postgres: bool) {
         .unwrap()
         .is_none());
     store.close().await;
-    db.drop_db().await;
 }
 
 /// Concurrent claims of the queue never take one key twice.
 async fn concurrent_queue_claims_take_each_key_once(postgres: bool) {
-    let (db, store, _) = with_table(postgres, &pipeline()).await;
+    let (_db, store, _) = with_table(postgres, &pipeline()).await;
     let days: Vec<String> = (1..=20).map(|d| format!("2024-01-{d:02}")).collect();
     let refs: Vec<&str> = days.iter().map(String::as_str).collect();
     enqueue_days(&store, &refs, 0, &[]).await;
@@ -886,7 +827,6 @@ async fn concurrent_queue_claims_take_each_key_once(postgres: bool) {
         "each key claimed exactly once"
     );
     store.close().await;
-    db.drop_db().await;
 }
 
 /// Claims `k` with `request`, commits one batch (checkpoint `{"records": 1}`)
@@ -972,7 +912,6 @@ async fn queue_claims_open_periods_only_to_continue_a_provisional_attempt(postgr
     assert!(last.run.resume.is_none(), "read again from the start");
     assert_ne!(last.run.lease.run_id, run.lease.run_id);
     store.close().await;
-    db.drop_db().await;
 }
 
 /// An interrupted attempt hands its key back with its checkpoint: the next
@@ -1044,7 +983,6 @@ async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
         1
     );
     store.close().await;
-    db.drop_db().await;
 }
 
 /// Claims `k` and records a permanent failure of the attempt.
@@ -1112,14 +1050,6 @@ async fn failed_key_backs_off_and_only_an_operator_skips_it(postgres: bool) {
     assert_eq!(schedule(true).await, 0);
     assert_eq!(schedule(false).await, 1, "an operator: at once");
     store.close().await;
-    db.drop_db().await;
-}
-
-macro_rules! both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(false).await } )* }
-        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(true).await } )* }
-    };
 }
 
 both_backends!(
@@ -1247,7 +1177,6 @@ async fn sqlite_time_columns_of_earlier_tables_are_still_accepted() {
         )
         .await;
         assert_eq!(stored, 3, "earlier table: {earlier}");
-        db.drop_db().await;
     }
 }
 
@@ -1288,7 +1217,6 @@ async fn run_key_rows_are_read_through_the_index(postgres: bool) {
         plan.iter().any(|line| line.contains("items__tm_run_key")),
         "{plan:?}"
     );
-    db.drop_db().await;
 }
 
 /// A queue filled on a new ledger is claimed through its index: once the
@@ -1326,7 +1254,6 @@ async fn a_large_enqueue_leaves_the_queue_claimed_through_its_index_postgres() {
     );
     assert!(!plan.iter().any(|line| line.contains("Sort")), "{plan:#?}");
     store.close().await;
-    db.drop_db().await;
 }
 
 /// A table another process created after this store's connections read
@@ -1355,5 +1282,4 @@ async fn table_created_by_another_connection_is_checked_on_a_fresh_schema(postgr
     for _ in 0..8 {
         store.ensure_table(&schema).await.unwrap();
     }
-    db.drop_db().await;
 }

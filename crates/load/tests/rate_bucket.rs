@@ -2,36 +2,15 @@
 //! two processes would have) take from one bucket row, the refill follows
 //! the database's clock, and a pause set through one holds the other.
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use sqlx::Connection as _;
 use tidemark_core::spec::RateLimit;
 use tidemark_load::Store;
 
-fn admin_url() -> String {
-    std::env::var("TIDEMARK_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-/// A fresh database; dropped by [`drop_db`].
-async fn fresh_db() -> (String, String) {
-    let name = format!("tm_rate_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let url = format!("{}/{name}", admin_url().rsplit_once('/').unwrap().0);
-    (url, name)
-}
-
-async fn drop_db(name: &str) {
-    let mut conn = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-}
+use support::TestDb;
 
 const LIMIT: RateLimit = RateLimit {
     per_second: 4,
@@ -48,7 +27,8 @@ async fn leased_tokens_keep_every_second_within_the_limit() {
         per_second: 40,
         burst: Some(8),
     };
-    let (url, name) = fresh_db().await;
+    let db = TestDb::new(true).await;
+    let url = db.url.clone();
     let stores = [
         Store::connect(&url).await.unwrap(),
         Store::connect(&url).await.unwrap(),
@@ -91,12 +71,12 @@ async fn leased_tokens_keep_every_second_within_the_limit() {
     for store in &stores {
         store.close().await;
     }
-    drop_db(&name).await;
 }
 
 #[tokio::test]
 async fn two_stores_share_one_bucket_and_one_pause() {
-    let (url, name) = fresh_db().await;
+    let db = TestDb::new(true).await;
+    let url = db.url.clone();
     let (a, b) = (
         Store::connect(&url).await.unwrap(),
         Store::connect(&url).await.unwrap(),
@@ -159,5 +139,4 @@ async fn two_stores_share_one_bucket_and_one_pause() {
     );
     a.close().await;
     b.close().await;
-    drop_db(&name).await;
 }
