@@ -5,62 +5,15 @@ use std::sync::Arc;
 
 use tidemark_core::{Error, ErrorClass, Period, Pipeline, RawRecord};
 use tidemark_engine::plan::{self, Ask, PeriodRange, Planner};
-use tidemark_engine::{
-    Catalog, Clock, Engine, Outcome, RunEvent, RunMany, Shutdown, Target, ABSENT_NOTE,
-};
+use tidemark_engine::{Catalog, Engine, Outcome, RunEvent, RunMany, Shutdown, Target, ABSENT_NOTE};
 use tidemark_load::Store;
 
 use crate::cli::{
     BackfillArgs, CancelArgs, Cli, Command, Global, PruneArgs, RunArgs, SyncArgs, ValidateArgs,
 };
 use crate::exit::Exit;
+use crate::setup::{range, source_ids, Setup};
 use crate::{output, preview, signals};
-
-/// What every command reads before it touches anything: the clock that
-/// decides what is due (`TIDEMARK_NOW`, or the system's) and the folder
-/// pipeline names are looked up in.
-pub struct Setup<'a> {
-    pub global: &'a Global,
-    pub clock: Arc<dyn Clock>,
-    pub catalog: Catalog,
-}
-
-impl Setup<'_> {
-    /// Loads and checks a pipeline without its secrets (`status`,
-    /// `cancel`, `backfill --enqueue`).
-    pub fn load(&self, name: &str) -> Result<Pipeline, Error> {
-        self.catalog.load(name, self.clock.now())
-    }
-
-    /// Loads a pipeline that is about to contact its sources: every
-    /// `${ENV}` its templates read must be set.
-    pub fn load_runnable(&self, name: &str) -> Result<Pipeline, Error> {
-        self.catalog.load_runnable(name, self.clock.now())
-    }
-
-    /// Loads a pipeline for `run`, `backfill` or `sync`. A dry run contacts
-    /// no source, so an unset `${NAME}` does not stop it; it is reported,
-    /// because the real command would stop there (exit 2).
-    fn load_for(&self, name: &str, dry_run: bool) -> Result<Pipeline, Error> {
-        if !dry_run {
-            return self.load_runnable(name);
-        }
-        let pipeline = self.load(name)?;
-        if let Err(e) = pipeline.check_env() {
-            tell!("warning: {e} (without --dry-run the command would stop here, with exit 2)");
-        }
-        Ok(pipeline)
-    }
-
-    /// The engine over `store` for this command, stopping on `shutdown`.
-    pub fn engine(&self, store: Store, shutdown: Shutdown) -> Engine {
-        Engine::builder(store)
-            .lease_ttl(self.global.lease_ttl)
-            .clock(Arc::clone(&self.clock))
-            .shutdown(shutdown)
-            .build()
-    }
-}
 
 /// Runs the command; `Ok(exit)` once something ran. Commands that run
 /// periods stop gracefully on a first SIGTERM/SIGINT.
@@ -93,20 +46,13 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
     }
 }
 
-/// The sources a command names (`--source`), or all; the flag is named in
-/// the error.
-fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Error> {
-    tidemark_engine::source_ids(pipeline, only)
-        .map_err(|e| crate::exit::flag(e, "source", "--source"))
-}
-
 async fn run(
     setup: &Setup<'_>,
     args: RunArgs,
     signals: impl FnOnce() -> Shutdown,
 ) -> Result<Exit, Error> {
     let pipeline = Arc::new(setup.load_for(&args.pipeline, args.dry_run)?);
-    let period = PeriodRange::one(pipeline.period(&args.period)?);
+    let period = PeriodRange::one(pipeline.period_arg("--period", &args.period)?);
     let sources = source_ids(&pipeline, args.options.source.as_deref())?;
     let now = setup.clock.now();
     plan::refuse_open(&pipeline, period, "--period", now, args.allow_open)?;
@@ -210,7 +156,7 @@ async fn run_planned(
 
 /// The periods `--from` to `--to` name, both included.
 fn backfill_periods(pipeline: &Pipeline, args: &BackfillArgs) -> Result<PeriodRange, Error> {
-    let (from, to) = pipeline.period_range(&args.from, &args.to)?;
+    let (from, to) = range(pipeline, &args.from, &args.to)?;
     Ok(PeriodRange { from, to })
 }
 
@@ -409,7 +355,7 @@ async fn cancel(setup: &Setup<'_>, args: CancelArgs) -> Result<Exit, Error> {
     let pipeline = setup.load(&args.pipeline)?;
     let range = match (&args.from, &args.to) {
         (Some(from), Some(to)) => {
-            let (from, to) = pipeline.period_range(from, to)?;
+            let (from, to) = range(&pipeline, from, to)?;
             Some((from.start_rfc3339(), to.start_rfc3339()))
         }
         _ => None,
@@ -485,7 +431,7 @@ fn check_fields(pipeline: &Pipeline) -> Result<(), Error> {
 /// first record maps to the fields. Nothing is written.
 async fn check_sources(pipeline: &Pipeline, period: Option<&str>) -> Exit {
     let period = match period {
-        Some(text) => match pipeline.period(text) {
+        Some(text) => match pipeline.period_arg("--period", text) {
             Ok(p) => p,
             Err(e) => {
                 tell!("error: {e}");

@@ -35,6 +35,7 @@ mod exit;
 mod output;
 mod preview;
 mod serve;
+mod setup;
 mod signals;
 mod status;
 

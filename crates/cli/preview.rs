@@ -7,8 +7,8 @@ use tidemark_engine::{DryLine, Engine, Target, ACTIONS};
 use tidemark_load::Store;
 
 use crate::cli::{LogFormat, RunOptions};
-use crate::commands::Setup;
 use crate::exit::Exit;
+use crate::setup::Setup;
 
 /// Prints the dry run of `targets` at the command's clock; exit 0 whatever
 /// it finds. Lines are printed as the engine decides them, a page of the

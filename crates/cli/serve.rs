@@ -8,8 +8,8 @@ use tidemark_engine::{Reloader, Service, ServiceConfig};
 use tidemark_load::Store;
 
 use crate::cli::ServeArgs;
-use crate::commands::Setup;
 use crate::exit::Exit;
+use crate::setup::Setup;
 
 pub async fn serve(setup: &Setup<'_>, args: ServeArgs) -> Result<Exit, Error> {
     let config = ServiceConfig {

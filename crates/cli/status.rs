@@ -7,9 +7,9 @@ use tidemark_engine::status::{StatusItem, StatusQuery};
 use tidemark_load::Store;
 
 use crate::cli::StatusArgs;
-use crate::commands::Setup;
 use crate::exit::Exit;
 use crate::output::{self, StatusLine};
+use crate::setup::Setup;
 
 /// `status PIPELINE [--period P | --from P1 --to P2] [--only STATE] [--json]`.
 ///
@@ -22,10 +22,10 @@ pub async fn status(setup: &Setup<'_>, args: StatusArgs) -> Result<Exit, Error> 
     let now = setup.clock.now();
     let asked = match (&args.period, &args.from, &args.to) {
         (Some(text), _, _) => {
-            let period = pipeline.period(text)?;
+            let period = pipeline.period_arg("--period", text)?;
             Some((period, period))
         }
-        (None, Some(from), Some(to)) => Some(pipeline.period_range(from, to)?),
+        (None, Some(from), Some(to)) => Some(crate::setup::range(&pipeline, from, to)?),
         _ => None,
     };
     let only = args.only.map(crate::cli::StatusOnly::filter);

@@ -198,34 +198,46 @@ impl Pipeline {
         self.file.display().to_string()
     }
 
-    /// Parses a period named on the command line by `--period`.
+    /// Parses a period a caller names (`name`: "period"): an error naming
+    /// it when the text names no period.
     pub fn period(&self, text: &str) -> Result<Period, Error> {
-        self.period_arg("--period", text)
+        self.period_arg("period", text)
     }
 
-    /// Parses a period named on the command line by `flag` (`--from`,
-    /// `--to`, ...): a usage error naming the flag when the text names no
-    /// period, one the clocks skip, or one outside the years 0001-9999.
-    pub fn period_arg(&self, flag: &str, text: &str) -> Result<Period, Error> {
+    /// Parses a period passed as `name` (the binary's `--from`, `--to`,
+    /// ...): a usage error naming it when the text names no period, one the
+    /// clocks skip, or one outside the years 0001-9999.
+    pub fn period_arg(&self, name: &str, text: &str) -> Result<Period, Error> {
         Period::parse(
             text,
             self.spec.period.granularity,
             self.spec.period.timezone,
         )
-        .map_err(|e| Error::config("command line", flag, e.to_string()))
+        .map_err(|e| Error::config("command line", name, e.to_string()))
     }
 
-    /// The periods `--from` and `--to` name, both included: a usage error
-    /// when `--to` comes before `--from`, for every command that takes a
-    /// range (an empty range would otherwise do nothing and exit 0).
+    /// The periods `from` to `to`, both included: a usage error when `to`
+    /// comes before `from`, for every command that takes a range (an empty
+    /// range would otherwise do nothing and exit 0). Errors name them
+    /// "from" and "to"; see [`Pipeline::period_range_named`].
     pub fn period_range(&self, from: &str, to: &str) -> Result<(Period, Period), Error> {
-        let from = self.period_arg("--from", from)?;
-        let to = self.period_arg("--to", to)?;
+        self.period_range_named(("from", from), ("to", to))
+    }
+
+    /// [`Pipeline::period_range`] with the names the caller passed the
+    /// bounds by (the binary's `--from`, `--to`), for its errors.
+    pub fn period_range_named(
+        &self,
+        (from_name, from): (&str, &str),
+        (to_name, to): (&str, &str),
+    ) -> Result<(Period, Period), Error> {
+        let from = self.period_arg(from_name, from)?;
+        let to = self.period_arg(to_name, to)?;
         if to.start() < from.start() {
             return Err(Error::config(
                 "command line",
-                "--to",
-                format!("{} is before --from {}", to.label(), from.label()),
+                to_name,
+                format!("{} is before {from_name} {}", to.label(), from.label()),
             ));
         }
         Ok((from, to))
