@@ -6,10 +6,9 @@ use std::sync::Arc;
 use tidemark_core::{Error, ErrorClass, Period, Pipeline, RawRecord};
 use tidemark_engine::plan::{self, Ask, PeriodRange, Planner};
 use tidemark_engine::{Catalog, Engine, Outcome, RunEvent, RunMany, Shutdown, Target, ABSENT_NOTE};
-use tidemark_load::Store;
 
 use crate::cli::{
-    BackfillArgs, CancelArgs, Cli, Command, Global, PruneArgs, RunArgs, SyncArgs, ValidateArgs,
+    BackfillArgs, CancelArgs, Cli, Command, PruneArgs, RunArgs, SyncArgs, ValidateArgs,
 };
 use crate::exit::Exit;
 use crate::setup::{range, source_ids, Setup};
@@ -34,12 +33,9 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
         Command::Cancel(args) => cancel(&setup, args).await,
         Command::Status(args) => crate::status::status(&setup, args).await,
         Command::Validate(args) => validate(&setup, &args).await,
-        Command::Prune(args) => prune(global, args).await,
+        Command::Prune(args) => prune(&setup, args).await,
         Command::Migrate => {
-            Store::connect(&global.database_url)
-                .await?
-                .migrate()
-                .await?;
+            setup.connect().await?.migrate().await?;
             tell!("ledger migrations applied");
             Ok(Exit::Success)
         }
@@ -69,7 +65,7 @@ async fn run(
     if args.dry_run {
         return preview::show(setup, vec![target], &args.options).await;
     }
-    let store = Store::connect(&setup.global.database_url).await?;
+    let store = setup.connect().await?;
     let engine = setup.engine(store, signals());
     let planner = engine.plan(target.pipeline, target.sources, target.ask);
     let how = RunMany {
@@ -184,7 +180,7 @@ async fn backfill(
         };
         return preview::show(setup, vec![target], &args.options).await;
     }
-    let store = Store::connect(&global.database_url).await?;
+    let store = setup.connect().await?;
     let engine = setup.engine(store, signals());
     let planner = engine.plan(pipeline, sources, ask);
     let how = RunMany {
@@ -270,7 +266,7 @@ async fn sync(
     if args.dry_run {
         return preview::show(setup, targets, &args.options).await;
     }
-    let store = Store::connect(&global.database_url).await?;
+    let store = setup.connect().await?;
     let engine = setup.engine(store, signals());
     // The due periods not done yet, plus forced re-runs of the last
     // `lookback` done ones and of provisional ones now due (see `plan`).
@@ -332,7 +328,7 @@ async fn enqueue(setup: &Setup<'_>, args: BackfillArgs) -> Result<Exit, Error> {
         only: args.only.map(crate::cli::Only::selection),
         force: args.options.force,
     };
-    let store = Store::connect(&setup.global.database_url).await?;
+    let store = setup.connect().await?;
     let engine = setup.engine(store, Shutdown::new());
     let queued = match engine.plan(Arc::clone(&pipeline), sources, ask) {
         Ok(plan) => engine.enqueue(plan, args.priority).await,
@@ -363,7 +359,7 @@ async fn cancel(setup: &Setup<'_>, args: CancelArgs) -> Result<Exit, Error> {
     if let Some(source) = &args.source {
         source_ids(&pipeline, Some(source))?;
     }
-    let store = Store::connect(&setup.global.database_url).await?;
+    let store = setup.connect().await?;
     let cancelled = store
         .cancel(
             &pipeline.spec.name,
@@ -500,10 +496,12 @@ fn show_first_record(transformer: &tidemark_transform::Transformer, record: &Raw
     }
 }
 
-async fn prune(global: &Global, args: PruneArgs) -> Result<Exit, Error> {
-    let store = Store::connect(&global.database_url).await?;
-    let (attempts, rejects) = store.prune(args.older_than).await?;
+async fn prune(setup: &Setup<'_>, args: PruneArgs) -> Result<Exit, Error> {
+    let store = setup.connect().await?;
+    let pruned = store.prune(args.older_than).await;
     store.close().await;
+    let (attempts, rejects) =
+        pruned.map_err(|e| crate::exit::flag(e, "older than", "--older-than"))?;
     say!("pruned {attempts} attempt record(s) and {rejects} rejected record(s)");
     Ok(Exit::Success)
 }

@@ -4,7 +4,6 @@
 
 use tidemark_core::Error;
 use tidemark_engine::{DryLine, Engine, Target, ACTIONS};
-use tidemark_load::Store;
 
 use crate::cli::{LogFormat, RunOptions};
 use crate::exit::Exit;
@@ -19,7 +18,7 @@ pub async fn show(
     targets: Vec<Target>,
     options: &RunOptions,
 ) -> Result<Exit, Error> {
-    let store = Store::open_read_only(&setup.global.database_url).await?;
+    let store = setup.open_read_only().await?;
     let mut printer = Printer::new(targets.len() > 1, setup.global.log_format);
     let shown = tidemark_engine::dry_run(
         store.as_ref(),

@@ -5,7 +5,6 @@
 
 use tidemark_core::Error;
 use tidemark_engine::{Reloader, Service, ServiceConfig};
-use tidemark_load::Store;
 
 use crate::cli::ServeArgs;
 use crate::exit::Exit;
@@ -25,7 +24,7 @@ pub async fn serve(setup: &Setup<'_>, args: ServeArgs) -> Result<Exit, Error> {
         .check(setup.clock.now())
         .map_err(|e| crate::exit::flag(e, "pipelines folder", "--pipelines"))?;
     let engine = setup.engine(
-        Store::connect(&setup.global.database_url).await?,
+        setup.connect().await?,
         crate::signals::on_signals(args.shutdown_timeout),
     );
     let service = match Service::new(engine.clone(), config) {

@@ -45,6 +45,20 @@ impl Setup<'_> {
         Ok(pipeline)
     }
 
+    /// Opens (creating, migrating) the database `--database-url` names.
+    pub async fn connect(&self) -> Result<Store, Error> {
+        Store::connect(&self.global.database_url)
+            .await
+            .map_err(database_url)
+    }
+
+    /// Opens the database read-only; `None` when it holds no ledger yet.
+    pub async fn open_read_only(&self) -> Result<Option<Store>, Error> {
+        Store::open_read_only(&self.global.database_url)
+            .await
+            .map_err(database_url)
+    }
+
     /// The engine over `store` for this command, stopping on `shutdown`.
     pub fn engine(&self, store: Store, shutdown: Shutdown) -> Engine {
         Engine::builder(store)
@@ -66,4 +80,9 @@ pub fn range(pipeline: &Pipeline, from: &str, to: &str) -> Result<(Period, Perio
 pub fn source_ids(pipeline: &Pipeline, only: Option<&str>) -> Result<Vec<String>, Error> {
     tidemark_engine::source_ids(pipeline, only)
         .map_err(|e| crate::exit::flag(e, "source", "--source"))
+}
+
+/// The store's errors about the URL, named by the flag that passed it.
+fn database_url(error: Error) -> Error {
+    crate::exit::flag(error, "database URL", "--database-url")
 }

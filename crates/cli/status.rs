@@ -4,7 +4,6 @@
 
 use tidemark_core::Error;
 use tidemark_engine::status::{StatusItem, StatusQuery};
-use tidemark_load::Store;
 
 use crate::cli::StatusArgs;
 use crate::exit::Exit;
@@ -33,7 +32,7 @@ pub async fn status(setup: &Setup<'_>, args: StatusArgs) -> Result<Exit, Error> 
         range: tidemark_engine::status::expected_range(&pipeline, asked, only, now)?,
         only,
     };
-    let store = Store::open_read_only(&global.database_url).await?;
+    let store = setup.open_read_only().await?;
     if store.is_none() {
         tell!(
             "note: no ledger at {} yet: nothing has run against this database (status creates none)",

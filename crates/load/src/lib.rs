@@ -459,7 +459,7 @@ impl QueueListener {
 fn unsupported_url(url: &str) -> Error {
     Error::config(
         "command line",
-        "--database-url",
+        "database URL",
         format!(
             "unsupported database URL {:?}: use sqlite://PATH or postgres://...",
             redact_url(url)

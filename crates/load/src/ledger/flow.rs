@@ -761,7 +761,7 @@ pub(crate) async fn prune<D: Driver>(driver: &D, age: Duration) -> Result<(u64, 
         .ok_or_else(|| {
             Error::config(
                 "command line",
-                "--older-than",
+                "older than",
                 format!("{age:?} reaches back before the year 1"),
             )
         })?;

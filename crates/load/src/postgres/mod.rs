@@ -120,9 +120,8 @@ impl PgStore {
         adjust: impl FnOnce(PgConnectOptions) -> PgConnectOptions,
     ) -> Result<Self, Error> {
         let shown = crate::redact_url(url);
-        let options = PgConnectOptions::from_str(url).map_err(|e| {
-            Error::config("command line", "--database-url", format!("{shown}: {e}"))
-        })?;
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| Error::config("command line", "database URL", format!("{shown}: {e}")))?;
         let options = adjust(session_settings(options));
         let first = retry_while(
             "connecting to PostgreSQL",

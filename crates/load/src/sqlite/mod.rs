@@ -137,7 +137,7 @@ impl SqliteStore {
 
     async fn open(url: &str, checkpoint_frames: c_int) -> Result<Self, Error> {
         let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| Error::config("command line", "--database-url", e.to_string()))?
+            .map_err(|e| Error::config("command line", "database URL", e.to_string()))?
             .create_if_missing(true)
             .page_size(8192)
             .journal_mode(SqliteJournalMode::Wal)
@@ -176,7 +176,7 @@ impl SqliteStore {
     /// this build.
     pub(crate) async fn connect_read_only(url: &str) -> Result<Option<Self>, Error> {
         let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| Error::config("command line", "--database-url", e.to_string()))?
+            .map_err(|e| Error::config("command line", "database URL", e.to_string()))?
             .create_if_missing(false)
             .read_only(true)
             .busy_timeout(BUSY_TIMEOUT);
