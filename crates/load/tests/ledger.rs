@@ -985,7 +985,19 @@ async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
     let (run, mut writer) = interrupted_after_a_batch(&store, &schema, &k, &request("w1")).await;
     let entry = &store.status("p", None).await.unwrap()[0];
     assert_eq!(entry.status, tidemark_load::RunStatus::Pending);
-    assert_eq!(entry.error_class.as_deref(), Some("interrupted"));
+    assert_eq!(
+        entry.error_class,
+        Some(tidemark_load::StoredClass::Interrupted)
+    );
+    assert_eq!(
+        scalar(
+            &db.url,
+            "SELECT count(*) FROM _tm_runs WHERE error_class = 'interrupted'"
+        )
+        .await,
+        1,
+        "stored as the contract's word"
+    );
     assert!(entry.lease_owner.is_none());
     let next = store
         .claim_next(&queue_pipelines(), &request("w2"))
@@ -1043,6 +1055,32 @@ async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
         .await,
         1
     );
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// A failure's class reads back typed; a stored class this tidemark does
+/// not know is an invariant error naming it, not a panic and not a string
+/// passed on.
+async fn stored_error_class_reads_back_typed(postgres: bool) {
+    let (db, store, _) = with_table(postgres, &pipeline()).await;
+    let p = pipeline();
+    fail_once(&store, &key(&p, "2024-01-05")).await;
+    let entry = &store.status("p", None).await.unwrap()[0];
+    assert_eq!(
+        entry.error_class,
+        Some(tidemark_load::StoredClass::Failure(
+            tidemark_core::ErrorClass::Source
+        ))
+    );
+    execute(&db.url, "UPDATE _tm_runs SET error_class = 'gremlins'").await;
+    match store.status("p", None).await {
+        Err(Error::Invariant(message)) => {
+            assert!(message.contains("\"gremlins\""), "{message}");
+            assert!(message.contains("error_class"), "{message}");
+        }
+        other => panic!("expected an invariant error, got {other:?}"),
+    }
     store.close().await;
     db.drop_db().await;
 }
@@ -1139,6 +1177,7 @@ both_backends!(
     run_key_rows_are_read_through_the_index,
     table_created_by_another_connection_is_checked_on_a_fresh_schema,
     added_column_is_written_by_a_pool_that_merged_before,
+    stored_error_class_reads_back_typed,
 );
 
 /// Two schedulers and a `status` started together on a new SQLite file:
