@@ -1085,6 +1085,74 @@ async fn stored_error_class_reads_back_typed(postgres: bool) {
     db.drop_db().await;
 }
 
+/// The values a state column's `CHECK (status IN (...))` allows, as the
+/// freshly migrated database itself reports the constraint: SQLite's
+/// table definition (`sqlite_master`), PostgreSQL's `pg_get_constraintdef`.
+async fn allowed_states(url: &str, table: &str) -> Vec<String> {
+    let definitions: Vec<String> = if url.starts_with("sqlite") {
+        let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+        let sql: String =
+            sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = $1")
+                .bind(table)
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+        // The column's CHECK, up to its closing parentheses.
+        let check = &sql[sql.find("CHECK (status IN (").expect(&sql)..];
+        vec![check[..check.find("))").expect(check)].to_string()]
+    } else {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+             WHERE conrelid = $1::regclass AND contype = 'c'
+               AND pg_get_constraintdef(oid) LIKE '%status%'",
+        )
+        .bind(table)
+        .fetch_all(&mut c)
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        definitions.len(),
+        1,
+        "one status CHECK on {table}: {definitions:?}"
+    );
+    // The quoted literals: `'pending'` (SQLite), `'pending'::text` (PostgreSQL).
+    let mut values: Vec<String> = definitions[0]
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    values.sort();
+    values
+}
+
+/// `RunStatus` and `AttemptStatus` are exactly the sets the migrated
+/// database's CHECK constraints allow: a variant added without a migration
+/// (or a migration without a variant) fails here, not at a user's first
+/// write of the new state.
+async fn state_enums_are_the_check_constraints(postgres: bool) {
+    let db = TestDb::new(postgres).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    store.close().await;
+    let sorted = |mut names: Vec<&str>| {
+        names.sort_unstable();
+        names.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let runs = tidemark_load::RunStatus::ALL.map(|s| s.as_str());
+    let attempts = tidemark_load::AttemptStatus::ALL.map(|s| s.as_str());
+    assert_eq!(
+        allowed_states(&db.url, "_tm_runs").await,
+        sorted(runs.to_vec())
+    );
+    assert_eq!(
+        allowed_states(&db.url, "_tm_attempts").await,
+        sorted(attempts.to_vec())
+    );
+    db.drop_db().await;
+}
+
 /// Claims `k` and records a permanent failure of the attempt.
 async fn fail_once(store: &Store, k: &RunKey) {
     let run = claimed(store.claim(k, &request("w1")).await.unwrap());
@@ -1178,6 +1246,7 @@ both_backends!(
     table_created_by_another_connection_is_checked_on_a_fresh_schema,
     added_column_is_written_by_a_pool_that_merged_before,
     stored_error_class_reads_back_typed,
+    state_enums_are_the_check_constraints,
 );
 
 /// Two schedulers and a `status` started together on a new SQLite file:
