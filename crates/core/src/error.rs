@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 
 /// The class of a failure, as recorded in the ledger's `error_class` column
 /// and shown by `tidemark status`.
+///
+/// Only failures have a class: the ledger's column also records an
+/// interruption (`interrupted`), which is no failure and so no variant here
+/// (the load stage's `StoredClass` covers both).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
@@ -36,6 +40,18 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    /// Every class.
+    pub const ALL: [ErrorClass; 8] = [
+        ErrorClass::Validation,
+        ErrorClass::Parse,
+        ErrorClass::Contract,
+        ErrorClass::Invariant,
+        ErrorClass::Config,
+        ErrorClass::Source,
+        ErrorClass::Database,
+        ErrorClass::Incomplete,
+    ];
+
     /// The snake_case name stored in the ledger.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -54,6 +70,24 @@ impl ErrorClass {
 impl fmt::Display for ErrorClass {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// A name that is no [`ErrorClass`] (read from a ledger a newer tidemark
+/// wrote, or edited by hand).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown error class {0:?}")]
+pub struct UnknownErrorClass(pub String);
+
+impl std::str::FromStr for ErrorClass {
+    type Err = UnknownErrorClass;
+
+    /// The class named as the ledger stores it ([`ErrorClass::as_str`]).
+    fn from_str(name: &str) -> Result<Self, UnknownErrorClass> {
+        ErrorClass::ALL
+            .into_iter()
+            .find(|c| c.as_str() == name)
+            .ok_or_else(|| UnknownErrorClass(name.to_string()))
     }
 }
 
@@ -297,6 +331,22 @@ mod tests {
         .is_transient());
         assert!(!Error::Invariant("refused".into()).is_transient());
         assert!(!Error::config("f.toml", "load.key", "x").is_transient());
+    }
+
+    #[test]
+    fn error_classes_round_trip_through_their_stored_names() {
+        for class in ErrorClass::ALL {
+            assert_eq!(class.as_str().parse::<ErrorClass>(), Ok(class));
+            // serde's name is the stored one.
+            assert_eq!(
+                serde_json::to_value(class).unwrap(),
+                serde_json::json!(class.as_str())
+            );
+        }
+        assert_eq!(
+            "interrupted".parse::<ErrorClass>(),
+            Err(UnknownErrorClass("interrupted".into()))
+        );
     }
 
     #[test]

@@ -104,7 +104,7 @@ fn describe(preview: &Preview, forced: Option<&Forced>) -> (&'static str, String
         Preview::Fresh { from, error_class } => match (from, forced) {
             (RunStatus::Failed, _) => (
                 "re-run",
-                format!("failed: {}", error_class.as_deref().unwrap_or("unknown")),
+                format!("failed: {}", error_class.map_or("unknown", |c| c.as_str())),
             ),
             (RunStatus::Pending, None) => ("run", "queued".into()),
             (RunStatus::Cancelled, None) => ("run", "cancelled before".into()),
@@ -138,7 +138,7 @@ mod tests {
     fn every_preview_has_an_action_of_the_contract() {
         let failed = Preview::Fresh {
             from: RunStatus::Failed,
-            error_class: Some("parse".into()),
+            error_class: Some(tidemark_core::ErrorClass::Parse.into()),
         };
         assert_eq!(describe(&failed, None), ("re-run", "failed: parse".into()));
         let done = Preview::Fresh {

@@ -641,7 +641,8 @@ key = ["id"]
             attempts: 1,
             run_id: None,
             counts: Counts::default(),
-            error_class: (status == RunStatus::Failed).then(|| "parse".into()),
+            error_class: (status == RunStatus::Failed)
+                .then(|| tidemark_core::ErrorClass::Parse.into()),
             error_message: None,
             started_at: None,
             finished_at: Some(format!("{day}T05:00:00.000Z")),

@@ -30,8 +30,8 @@ use ledger::flow;
 pub use ledger::preview::{KeyRef, KeyRow, Preview};
 pub use ledger::{
     process_is_gone, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue, EnqueuedBy,
-    Lease, LedgerEntry, QueueKey, QueuePipeline, QueuedRun, RunStatus, StartRange, UnknownState,
-    WorkerId,
+    Lease, LedgerEntry, QueueKey, QueuePipeline, QueuedRun, RunStatus, StartRange, StoredClass,
+    UnknownClass, UnknownState, WorkerId,
 };
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter, WriterOptions};

@@ -924,7 +924,19 @@ async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
     let (run, mut writer) = interrupted_after_a_batch(&store, &schema, &k, &request("w1")).await;
     let entry = &store.status("p", None).await.unwrap()[0];
     assert_eq!(entry.status, tidemark_load::RunStatus::Pending);
-    assert_eq!(entry.error_class.as_deref(), Some("interrupted"));
+    assert_eq!(
+        entry.error_class,
+        Some(tidemark_load::StoredClass::Interrupted)
+    );
+    assert_eq!(
+        scalar(
+            &db.url,
+            "SELECT count(*) FROM _tm_runs WHERE error_class = 'interrupted'"
+        )
+        .await,
+        1,
+        "stored as the contract's word"
+    );
     assert!(entry.lease_owner.is_none());
     let next = store
         .claim_next(&queue_pipelines(), &request("w2"))
@@ -983,6 +995,100 @@ async fn interrupted_key_is_resumed_and_cancelled_key_is_left(postgres: bool) {
         1
     );
     store.close().await;
+}
+
+/// A failure's class reads back typed; a stored class this tidemark does
+/// not know is an invariant error naming it, not a panic and not a string
+/// passed on.
+async fn stored_error_class_reads_back_typed(postgres: bool) {
+    let (db, store, _) = with_table(postgres, &pipeline()).await;
+    let p = pipeline();
+    fail_once(&store, &key(&p, "2024-01-05")).await;
+    let entry = &store.status("p", None).await.unwrap()[0];
+    assert_eq!(
+        entry.error_class,
+        Some(tidemark_load::StoredClass::Failure(
+            tidemark_core::ErrorClass::Source
+        ))
+    );
+    execute(&db.url, "UPDATE _tm_runs SET error_class = 'gremlins'").await;
+    match store.status("p", None).await {
+        Err(Error::Invariant(message)) => {
+            assert!(message.contains("\"gremlins\""), "{message}");
+            assert!(message.contains("error_class"), "{message}");
+        }
+        other => panic!("expected an invariant error, got {other:?}"),
+    }
+    store.close().await;
+    db.drop_db().await;
+}
+
+/// The values a state column's `CHECK (status IN (...))` allows, as the
+/// freshly migrated database itself reports the constraint: SQLite's
+/// table definition (`sqlite_master`), PostgreSQL's `pg_get_constraintdef`.
+async fn allowed_states(url: &str, table: &str) -> Vec<String> {
+    let definitions: Vec<String> = if url.starts_with("sqlite") {
+        let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+        let sql: String =
+            sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = $1")
+                .bind(table)
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+        // The column's CHECK, up to its closing parentheses.
+        let check = &sql[sql.find("CHECK (status IN (").expect(&sql)..];
+        vec![check[..check.find("))").expect(check)].to_string()]
+    } else {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+             WHERE conrelid = $1::regclass AND contype = 'c'
+               AND pg_get_constraintdef(oid) LIKE '%status%'",
+        )
+        .bind(table)
+        .fetch_all(&mut c)
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        definitions.len(),
+        1,
+        "one status CHECK on {table}: {definitions:?}"
+    );
+    // The quoted literals: `'pending'` (SQLite), `'pending'::text` (PostgreSQL).
+    let mut values: Vec<String> = definitions[0]
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    values.sort();
+    values
+}
+
+/// `RunStatus` and `AttemptStatus` are exactly the sets the migrated
+/// database's CHECK constraints allow: a variant added without a migration
+/// (or a migration without a variant) fails here, not at a user's first
+/// write of the new state.
+async fn state_enums_are_the_check_constraints(postgres: bool) {
+    let db = TestDb::new(postgres).await;
+    let store = Store::connect(&db.url).await.unwrap();
+    store.close().await;
+    let sorted = |mut names: Vec<&str>| {
+        names.sort_unstable();
+        names.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let runs = tidemark_load::RunStatus::ALL.map(|s| s.as_str());
+    let attempts = tidemark_load::AttemptStatus::ALL.map(|s| s.as_str());
+    assert_eq!(
+        allowed_states(&db.url, "_tm_runs").await,
+        sorted(runs.to_vec())
+    );
+    assert_eq!(
+        allowed_states(&db.url, "_tm_attempts").await,
+        sorted(attempts.to_vec())
+    );
+    db.drop_db().await;
 }
 
 /// Claims `k` and records a permanent failure of the attempt.
@@ -1069,6 +1175,8 @@ both_backends!(
     run_key_rows_are_read_through_the_index,
     table_created_by_another_connection_is_checked_on_a_fresh_schema,
     added_column_is_written_by_a_pool_that_merged_before,
+    stored_error_class_reads_back_typed,
+    state_enums_are_the_check_constraints,
 );
 
 /// Two schedulers and a `status` started together on a new SQLite file:

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use tidemark_core::spec::OnMissing;
 use tidemark_core::Error;
 
+use super::StoredClass;
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
@@ -116,6 +117,21 @@ impl Record {
         self.text(name)?
             .parse()
             .map_err(|e: super::UnknownState| corrupt(name, &e.to_string()))
+    }
+
+    /// An `error_class` column, parsed. A name no [`StoredClass`] spells
+    /// is an invariant error naming it: tidemark never writes one.
+    pub(crate) fn opt_class(&self, name: &str) -> Result<Option<StoredClass>, Error> {
+        self.opt_text(name)?
+            .map(|text| {
+                text.parse().map_err(|e: super::UnknownClass| {
+                    Error::Invariant(format!(
+                        "ledger column `{name}` holds an {e}: not written by this tidemark \
+                         (a newer one, or an edit by hand)"
+                    ))
+                })
+            })
+            .transpose()
     }
 
     pub(crate) fn bytes(&self, name: &str) -> Result<Vec<u8>, Error> {

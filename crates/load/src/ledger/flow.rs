@@ -14,10 +14,13 @@ use super::driver::{
     fetch_all, fetch_optional, Arg, Dialect, Driver, LedgerTx, Record, Vanished as _,
 };
 use super::rules::{decide, Decision, Snapshot};
-use super::sql::Statements;
+use super::sql::{
+    EndAttempt, EnqueueNew, FinishRun, InsertReject, Requeue, SaveProgress, StartAttempt,
+    Statements,
+};
 use super::{
     decode_hashes, new_run_id, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue,
-    Lease, LedgerEntry, QueuePipeline, QueuedRun, RunStatus, StartRange, WorkerId,
+    Lease, LedgerEntry, QueuePipeline, QueuedRun, RunStatus, StartRange, StoredClass, WorkerId,
 };
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
@@ -27,11 +30,6 @@ use crate::writer::{
 
 fn sql<D: Driver>() -> &'static Statements {
     Statements::of(D::DIALECT)
-}
-
-/// The counters as arguments, in [`Counts::COLUMNS`] order.
-fn count_args(counts: &Counts) -> [Arg<'static>; Counts::COLUMNS.len()] {
-    counts.values().map(Arg::OptInt)
 }
 
 /// How long a claim tries again for a run row another transaction holds
@@ -170,24 +168,22 @@ async fn take<D: Driver>(
     // Fields the period's row has not seen before stay marked new to it.
     let fingerprint = FieldsFingerprint::from_stored(&request.fields_fingerprint)
         .carry(row.opt_text("fields_fingerprint")?.as_deref());
-    let mut args = vec![
-        Arg::Int(attempt),
-        Arg::Text(&run_id),
-        Arg::Text(&owner),
-        Arg::Text(&request.worker.host),
-        Arg::Int(i64::from(request.worker.pid)),
-        Arg::Float(request.lease_ttl.as_secs_f64()),
-        Arg::Bool(fresh),
-        Arg::Int(batches),
-    ];
-    args.extend(count_args(&counts));
-    args.extend([
-        Arg::Text(&request.handler_version),
-        Arg::Int(run_ref),
-        Arg::Bool(request.provisional),
-        Arg::Text(&fingerprint),
-    ]);
-    tx.execute(&s.start_attempt, &args).await?;
+    let start = StartAttempt {
+        attempt,
+        run_id: &run_id,
+        owner: &owner,
+        host: &request.worker.host,
+        pid: i64::from(request.worker.pid),
+        lease: request.lease_ttl,
+        fresh,
+        batches,
+        counts,
+        handler_version: &request.handler_version,
+        run_ref,
+        provisional: request.provisional,
+        fingerprint: &fingerprint,
+    };
+    tx.execute(&s.start_attempt, &start.args()).await?;
     tx.execute(
         &s.insert_attempt,
         &[
@@ -374,12 +370,6 @@ pub(crate) const ENQUEUE_CHUNK: usize = 10_000;
 pub(crate) async fn enqueue<D: Driver>(driver: &D, batch: &Enqueue<'_>) -> Result<u64, Error> {
     const CHUNK: usize = ENQUEUE_CHUNK;
     let s = sql::<D>();
-    let head = [
-        Arg::Text(batch.pipeline),
-        Arg::Text(batch.export_type),
-        Arg::Int(batch.priority),
-        Arg::Text(batch.by.as_str()),
-    ];
     let mut tx = driver.begin().await?;
     let mut queued = 0;
     for chunk in batch.keys.chunks(CHUNK) {
@@ -387,9 +377,14 @@ pub(crate) async fn enqueue<D: Driver>(driver: &D, batch: &Enqueue<'_>) -> Resul
             .iter()
             .map(|k| serde_json::json!([k.source, k.period_start, k.period_end]))
             .collect();
-        let mut args = head.to_vec();
-        args.push(Arg::Json(Some(&new)));
-        let inserted = tx.execute(&s.enqueue_new(), &args).await?;
+        let insert = EnqueueNew {
+            pipeline: batch.pipeline,
+            export_type: batch.export_type,
+            priority: batch.priority,
+            enqueued_by: batch.by.as_str(),
+            keys: &new,
+        };
+        let inserted = tx.execute(&s.enqueue_new(), &insert.args()).await?;
         queued += inserted;
         // Every key was new: none can be in a state to queue again.
         if batch.requeue.is_empty() || inserted == chunk.len() as u64 {
@@ -399,9 +394,17 @@ pub(crate) async fn enqueue<D: Driver>(driver: &D, batch: &Enqueue<'_>) -> Resul
             .iter()
             .map(|k| serde_json::json!([k.source, k.period_start]))
             .collect();
-        let mut args = head.to_vec();
-        args.extend([Arg::Bool(batch.respect_backoff), Arg::Json(Some(&existing))]);
-        queued += tx.execute(&s.requeue(batch.requeue), &args).await?;
+        let requeue = Requeue {
+            pipeline: batch.pipeline,
+            export_type: batch.export_type,
+            priority: batch.priority,
+            enqueued_by: batch.by.as_str(),
+            respect_backoff: batch.respect_backoff,
+            keys: &existing,
+        };
+        queued += tx
+            .execute(&s.requeue(batch.requeue), &requeue.args())
+            .await?;
     }
     if queued > 0 {
         wake_workers::<D>(&mut tx).await?;
@@ -608,15 +611,15 @@ async fn end_attempt<D: Driver>(
     error: Option<&Error>,
 ) -> Result<(), Error> {
     let message = error.map(ToString::to_string);
-    let mut args = vec![Arg::Text(status.as_str())];
-    args.extend(count_args(counts));
-    args.extend([
-        Arg::OptText(error.map(|e| e.class().as_str())),
-        Arg::OptText(message.as_deref()),
-        Arg::Int(lease.run_ref),
-        Arg::Int(lease.attempt),
-    ]);
-    tx.execute(&sql::<D>().end_attempt, &args).await?;
+    let end = EndAttempt {
+        status,
+        counts: *counts,
+        class: error.map(StoredClass::of),
+        message: message.as_deref(),
+        run_ref: lease.run_ref,
+        attempt: lease.attempt,
+    };
+    tx.execute(&sql::<D>().end_attempt, &end.args()).await?;
     Ok(())
 }
 
@@ -634,7 +637,7 @@ pub(crate) async fn mark_failed<D: Driver>(
         .execute(
             &sql::<D>().fail_run,
             &[
-                Arg::Text(error.class().as_str()),
+                Arg::Text(StoredClass::of(error).as_str()),
                 Arg::Text(&message),
                 Arg::Int(lease.run_ref),
                 Arg::Int(lease.attempt),
@@ -730,7 +733,7 @@ pub(super) fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
         attempts: row.int("attempt")?,
         run_id: row.opt_text("run_id")?,
         counts: counts_of(row)?,
-        error_class: row.opt_text("error_class")?,
+        error_class: row.opt_class("error_class")?,
         error_message: row.opt_text("error_message")?,
         started_at: row.opt_text("started_at")?,
         finished_at: row.opt_text("finished_at")?,
@@ -866,22 +869,19 @@ async fn write_batch_in<D: Driver>(
         .write_rows(tx, schema, stamp, batch, prepared)
         .await?;
     for reject in batch.rejects {
-        tx.execute(
-            &s.insert_reject,
-            &[
-                Arg::Text(&lineage.pipeline),
-                Arg::Text(&lineage.source),
-                Arg::Text(&lineage.export_type),
-                Arg::Text(&lineage.period_start),
-                Arg::Text(&lease.run_id),
-                Arg::Text(&reject.location),
-                Arg::OptText(reject.field.as_deref()),
-                Arg::OptText(reject.value.as_deref()),
-                Arg::Text(&reject.reason),
-                Arg::Json(Some(&reject.record)),
-            ],
-        )
-        .await?;
+        let insert = InsertReject {
+            pipeline: &lineage.pipeline,
+            source: &lineage.source,
+            export_type: &lineage.export_type,
+            period_start: &lineage.period_start,
+            run_id: &lease.run_id,
+            location: &reject.location,
+            field: reject.field.as_deref(),
+            value: reject.value.as_deref(),
+            reason: &reject.reason,
+            record: &reject.record,
+        };
+        tx.execute(&s.insert_reject, &insert.args()).await?;
     }
     if !remember {
         return Ok(outcome);
@@ -911,10 +911,14 @@ async fn save_progress<D: Driver>(
     checkpoint: Option<&serde_json::Value>,
     batches: i64,
 ) -> Result<(), Error> {
-    let mut args = vec![Arg::Json(checkpoint), Arg::Int(batches)];
-    args.extend(count_args(counts));
-    args.push(Arg::Int(lease.run_ref));
-    tx.execute(&sql::<D>().save_progress, &args).await?;
+    let progress = SaveProgress {
+        checkpoint,
+        batches,
+        counts: *counts,
+        run_ref: lease.run_ref,
+    };
+    tx.execute(&sql::<D>().save_progress, &progress.args())
+        .await?;
     Ok(())
 }
 
@@ -970,11 +974,13 @@ async fn finish_in<D: Driver>(
             .await?;
     }
     let result = result_json(lineage, lease, &counts);
-    let mut args = vec![Arg::Json(Some(&result))];
-    args.extend(count_args(&counts));
-    args.push(Arg::Int(lease.run_ref));
+    let finish = FinishRun {
+        result: &result,
+        counts,
+        run_ref: lease.run_ref,
+    };
     // The stored result, with its `finished_at` from the database's clock.
-    let result = fetch_optional(tx, &s.finish_run, &args)
+    let result = fetch_optional(tx, &s.finish_run, &finish.args())
         .await?
         .and_then(|row| row.json("result").transpose())
         .transpose()?

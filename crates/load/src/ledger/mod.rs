@@ -10,8 +10,10 @@
 //! are drawn in `docs/ledger.md`; [`RunStatus`] and [`AttemptStatus`] are the
 //! same sets as the SQL `CHECK` constraints.
 
+mod class;
 pub(crate) mod driver;
 pub(crate) mod flow;
+pub(crate) mod params;
 pub(crate) mod preview;
 mod rules;
 pub(crate) mod sql;
@@ -24,6 +26,7 @@ use std::time::Duration;
 use serde::{Serialize, Serializer};
 use tidemark_core::{Hash128, KeySet};
 
+pub use class::{StoredClass, UnknownClass};
 pub use rules::process_is_gone;
 
 /// The state of a run key (`_tm_runs.status`).
@@ -431,8 +434,9 @@ pub struct LedgerEntry {
     /// Counts.
     #[serde(flatten)]
     pub counts: Counts,
-    /// Error class of the last failure.
-    pub error_class: Option<String>,
+    /// Why the last attempt ended without `done`: the class of its
+    /// failure, or `interrupted`.
+    pub error_class: Option<StoredClass>,
     /// Error message of the last failure.
     pub error_message: Option<String>,
     /// When the latest run started.

@@ -15,7 +15,7 @@ use super::driver::{Arg, Driver, LedgerTx, Record};
 use super::flow::{entry_of, snapshot};
 use super::rules::{decide, Decision, Snapshot};
 use super::sql::Statements;
-use super::{ClaimRequest, LedgerEntry, RunStatus};
+use super::{ClaimRequest, LedgerEntry, RunStatus, StoredClass};
 
 /// What claiming one run key would do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,8 +44,8 @@ pub enum Preview {
     Fresh {
         /// The state it is taken from.
         from: RunStatus,
-        /// The error class of the last failure, if any.
-        error_class: Option<String>,
+        /// The error class of the last failure (or `interrupted`), if any.
+        error_class: Option<StoredClass>,
     },
 }
 
@@ -74,7 +74,7 @@ impl KeyRow {
             },
             Decision::Take { resume: None, .. } => Preview::Fresh {
                 from: self.snapshot.status,
-                error_class: self.entry.error_class.clone(),
+                error_class: self.entry.error_class,
             },
         }
     }

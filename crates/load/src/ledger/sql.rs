@@ -1,7 +1,9 @@
 //! Every ledger statement, written once. Parameters are numbered (`$1`),
-//! which PostgreSQL and SQLite both read; the few fragments the databases
-//! spell differently come from [`Dialect`]. The statements are built once
-//! per process and dialect.
+//! which PostgreSQL and SQLite both read; a statement with more than a few
+//! is written with named placeholders (`$run_ref`) instead, numbered by the
+//! struct of its parameters declared beside it ([`super::params`]). The few
+//! fragments the databases spell differently come from [`Dialect`]. The
+//! statements are built once per process and dialect.
 //!
 //! Times are the database's own clock on both backends, so hosts with
 //! skewed clocks agree on leases. SQLite stores them as RFC 3339 text in
@@ -9,9 +11,11 @@
 //! compares as time.
 
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use super::driver::Dialect;
-use super::{AttemptStatus, Counts, RunStatus};
+use super::params::{ledger_params, number};
+use super::{AttemptStatus, Counts, RunStatus, StoredClass};
 
 impl Dialect {
     /// The current time.
@@ -187,6 +191,144 @@ fn params(first: usize, n: usize) -> String {
         .join(", ")
 }
 
+ledger_params! {
+    /// The parameters of [`Statements::start_attempt`].
+    StartAttempt<'a> {
+        /// The new attempt's number.
+        attempt: i64,
+        /// The run id its rows are stamped with (kept when it resumes).
+        run_id: &'a str,
+        /// The lease owner (`host:pid:instance`).
+        owner: &'a str,
+        /// The holder's host.
+        host: &'a str,
+        /// The holder's process id.
+        pid: i64,
+        /// How long the lease lasts unless renewed.
+        lease: Duration,
+        /// The period starts over: the checkpoint is cleared and
+        /// `started_at` set (a resumed attempt keeps both).
+        fresh: bool,
+        /// Batches the run has committed.
+        batches: i64,
+        /// The counts the attempt continues from.
+        counts: Counts,
+        /// The pipeline's handler version.
+        handler_version: &'a str,
+        /// The run row's id.
+        run_ref: i64,
+        /// The period is still open (`--allow-open`).
+        provisional: bool,
+        /// The `[fields]` fingerprint, fields new to the period marked.
+        fingerprint: &'a str,
+    }
+}
+
+ledger_params! {
+    /// The parameters of [`Statements::end_attempt`].
+    EndAttempt<'a> {
+        /// How the attempt ended.
+        status: AttemptStatus,
+        /// Its final counts.
+        counts: Counts,
+        /// Its failure's class, if it failed.
+        class: Option<StoredClass>,
+        /// Its failure's message, if it failed.
+        message: Option<&'a str>,
+        /// The run row's id.
+        run_ref: i64,
+        /// The attempt's number.
+        attempt: i64,
+    }
+}
+
+ledger_params! {
+    /// The parameters of [`Statements::save_progress`].
+    SaveProgress<'a> {
+        /// The checkpoint to resume from, or NULL to keep the stored one.
+        checkpoint: Option<&'a serde_json::Value>,
+        /// Batches committed (the stored number only grows).
+        batches: i64,
+        /// The run's counts so far.
+        counts: Counts,
+        /// The run row's id.
+        run_ref: i64,
+    }
+}
+
+ledger_params! {
+    /// The parameters of [`Statements::finish_run`].
+    FinishRun<'a> {
+        /// The canonical result (its `finished_at` is set by the database).
+        result: &'a serde_json::Value,
+        /// The final counts.
+        counts: Counts,
+        /// The run row's id.
+        run_ref: i64,
+    }
+}
+
+ledger_params! {
+    /// The parameters of [`Statements::insert_reject`].
+    InsertReject<'a> {
+        /// Pipeline of the run key.
+        pipeline: &'a str,
+        /// Source of the run key.
+        source: &'a str,
+        /// Export type of the run key.
+        export_type: &'a str,
+        /// Period start of the run key.
+        period_start: &'a str,
+        /// The run that read the record.
+        run_id: &'a str,
+        /// Where in the source the record is.
+        location: &'a str,
+        /// The field at fault, if one.
+        field: Option<&'a str>,
+        /// Its raw value, if one.
+        value: Option<&'a str>,
+        /// Why the record was rejected.
+        reason: &'a str,
+        /// The record as read.
+        record: &'a serde_json::Value,
+    }
+}
+
+ledger_params! {
+    /// The parameters of [`Statements::enqueue_new`].
+    EnqueueNew<'a> {
+        /// Pipeline of the keys.
+        pipeline: &'a str,
+        /// Export type of the keys.
+        export_type: &'a str,
+        /// Claim order: each point is one minute of head start.
+        priority: i64,
+        /// Who queues them (`schedule`, `backfill`, `operator`).
+        enqueued_by: &'a str,
+        /// The keys, a JSON array of `[source, period start, period end]`.
+        keys: &'a serde_json::Value,
+    }
+}
+
+ledger_params! {
+    /// The parameters of [`Statements::requeue`].
+    Requeue<'a> {
+        /// Pipeline of the keys.
+        pipeline: &'a str,
+        /// Export type of the keys.
+        export_type: &'a str,
+        /// Claim order: each point is one minute of head start.
+        priority: i64,
+        /// Who queues them (`schedule`, `backfill`, `operator`).
+        enqueued_by: &'a str,
+        /// A failed key waits for its `not_before` (the scheduler), or not
+        /// (an operator: at once).
+        respect_backoff: bool,
+        /// The keys, a JSON array of `[source, period start]`.
+        keys: &'a serde_json::Value,
+    }
+}
+
 /// The ledger's statements in one dialect.
 pub(crate) struct Statements {
     /// Creates the run key's row unless it exists. `$1..$5`: pipeline,
@@ -214,10 +356,7 @@ pub(crate) struct Statements {
     pub select_seen: String,
     /// `$1`: run ref.
     pub delete_batches: String,
-    /// Starts an attempt on the run row. `$1` attempt, `$2` run id, `$3`
-    /// owner, `$4` host, `$5` pid, `$6` lease seconds, `$7` fresh start,
-    /// `$8` batches, then the counts ([`Counts::COLUMNS`]), the handler
-    /// version, the run ref, provisional and the fields fingerprint.
+    /// Starts an attempt on the run row: binds [`StartAttempt`].
     pub start_attempt: String,
     /// `$1` run ref, `$2` attempt, `$3` run id, `$4` worker, `$5` resumed.
     pub insert_attempt: String,
@@ -232,23 +371,19 @@ pub(crate) struct Statements {
     /// `$1` class, `$2` message, `$3` run ref, `$4` attempt, `$5` rows
     /// expected (or NULL). The back-off counts from the database's clock.
     pub fail_run: String,
-    /// `$1` status, then the counts, the class, the message, the run ref
-    /// and the attempt.
+    /// Ends an attempt's history row: binds [`EndAttempt`].
     pub end_attempt: String,
     /// `$1` new run id, `$2` run ref.
     pub restart_run: String,
     /// `$1` new run id, `$2` run ref, `$3` attempt.
     pub restart_attempt: String,
-    /// `$1` checkpoint (or NULL to keep it), `$2` batches, then the counts
-    /// and the run ref.
+    /// A committed batch's checkpoint and counts: binds [`SaveProgress`].
     pub save_progress: String,
-    /// `$1` result, then the counts and the run ref. Returns the stored
-    /// result.
+    /// Marks the run done: binds [`FinishRun`]. Returns the stored result.
     pub finish_run: String,
     /// `$1` run ref, `$2` run id, `$3` batch number, `$4` key hashes.
     pub insert_batch_keys: String,
-    /// `$1..$5` pipeline, source, export type, period start, run id; `$6`
-    /// location, `$7` field, `$8` value, `$9` reason, `$10` record.
+    /// Keeps a rejected record: binds [`InsertReject`].
     pub insert_reject: String,
     /// `$1` pipeline, `$2` period start or NULL.
     pub status: String,
@@ -291,16 +426,13 @@ impl Statements {
         let now = d.now();
         let run_key = "pipeline = $1 AND source = $2 AND export_type = $3 AND period_start = $4";
         let claim_columns = claim_columns(d);
-        let count_sets = |first: usize| -> String {
-            Counts::COLUMNS
-                .iter()
-                .enumerate()
-                .map(|(i, c)| format!("{c} = ${}", first + i))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        // The parameter after `n` counts that start at `$first`.
-        let after_counts = |first: usize| first + Counts::COLUMNS.len();
+        // Every count column set to its named placeholder (`rows_read =
+        // $rows_read`): a parameter struct's `counts` field.
+        let count_sets = Counts::COLUMNS
+            .iter()
+            .map(|c| format!("{c} = ${c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let running = RunStatus::Running.as_str();
         let attempt_running = AttemptStatus::Running.as_str();
         let release =
@@ -337,20 +469,22 @@ impl Statements {
             select_seen: "SELECT key_hashes FROM _tm_batches WHERE run_ref = $1 AND run_id = $2"
                 .to_string(),
             delete_batches: "DELETE FROM _tm_batches WHERE run_ref = $1".to_string(),
-            start_attempt: format!(
-                "UPDATE _tm_runs SET status = '{running}', attempt = $1, run_id = $2, lease_owner = $3,
-                        lease_host = $4, lease_pid = $5, lease_expires_at = {lease},
-                        checkpoint = CASE WHEN $7 THEN NULL ELSE checkpoint END, batches = $8, {sets},
-                        error_class = NULL, error_message = NULL, result = NULL, handler_version = ${version},
-                        started_at = CASE WHEN $7 THEN {now} ELSE started_at END, finished_at = NULL,
-                        updated_at = {now}, provisional = ${provisional}, fields_fingerprint = ${fingerprint}
-                 WHERE id = ${run_ref}",
-                lease = d.now_plus("$6"),
-                sets = count_sets(9),
-                version = after_counts(9),
-                run_ref = after_counts(9) + 1,
-                provisional = after_counts(9) + 2,
-                fingerprint = after_counts(9) + 3,
+            start_attempt: number(
+                &format!(
+                    "UPDATE _tm_runs SET status = '{running}', attempt = $attempt, run_id = $run_id,
+                            lease_owner = $owner, lease_host = $host, lease_pid = $pid,
+                            lease_expires_at = {lease},
+                            checkpoint = CASE WHEN $fresh THEN NULL ELSE checkpoint END,
+                            batches = $batches, {count_sets},
+                            error_class = NULL, error_message = NULL, result = NULL,
+                            handler_version = $handler_version,
+                            started_at = CASE WHEN $fresh THEN {now} ELSE started_at END,
+                            finished_at = NULL, updated_at = {now}, provisional = $provisional,
+                            fields_fingerprint = $fingerprint
+                     WHERE id = $run_ref",
+                    lease = d.now_plus("$lease"),
+                ),
+                &StartAttempt::names(),
             ),
             insert_attempt: format!(
                 "INSERT INTO _tm_attempts (run_ref, attempt, run_id, worker, status, resumed, started_at)
@@ -391,15 +525,13 @@ impl Statements {
                 RunStatus::Failed.as_str(),
                 d.backoff_from_now("failures"),
             ),
-            end_attempt: format!(
-                "UPDATE _tm_attempts SET status = $1, {}, error_class = ${class}, error_message = ${message},
-                        finished_at = {now}
-                 WHERE run_ref = ${run_ref} AND attempt = ${attempt}",
-                count_sets(2),
-                class = after_counts(2),
-                message = after_counts(2) + 1,
-                run_ref = after_counts(2) + 2,
-                attempt = after_counts(2) + 3,
+            end_attempt: number(
+                &format!(
+                    "UPDATE _tm_attempts SET status = $status, {count_sets}, error_class = $class,
+                            error_message = $message, finished_at = {now}
+                     WHERE run_ref = $run_ref AND attempt = $attempt"
+                ),
+                &EndAttempt::names(),
             ),
             restart_run: format!(
                 "UPDATE _tm_runs SET checkpoint = NULL, batches = 0, {}, run_id = $1 WHERE id = $2",
@@ -412,32 +544,39 @@ impl Statements {
             ),
             restart_attempt:
                 "UPDATE _tm_attempts SET run_id = $1 WHERE run_ref = $2 AND attempt = $3".to_string(),
-            save_progress: format!(
-                "UPDATE _tm_runs SET checkpoint = COALESCE($1, checkpoint), batches = {}(batches, $2), {}
-                 WHERE id = ${}",
-                d.greatest(),
-                count_sets(3),
-                after_counts(3)
+            save_progress: number(
+                &format!(
+                    "UPDATE _tm_runs SET checkpoint = COALESCE($checkpoint, checkpoint),
+                            batches = {}(batches, $batches), {count_sets}
+                     WHERE id = $run_ref",
+                    d.greatest(),
+                ),
+                &SaveProgress::names(),
             ),
             // The final counts go with `done`, in the same statement; the
             // result's `finished_at` is the database's clock, as the column.
-            finish_run: format!(
-                "UPDATE _tm_runs SET status = '{}', result = {}, finished_at = {now}, checkpoint = NULL,
-                        {release}, failures = 0, not_before = NULL, {}
-                 WHERE id = ${}
-                 RETURNING result",
-                RunStatus::Done.as_str(),
-                d.with_finished_at("$1"),
-                count_sets(2),
-                after_counts(2)
+            finish_run: number(
+                &format!(
+                    "UPDATE _tm_runs SET status = '{}', result = {}, finished_at = {now},
+                            checkpoint = NULL, {release}, failures = 0, not_before = NULL, {count_sets}
+                     WHERE id = $run_ref
+                     RETURNING result",
+                    RunStatus::Done.as_str(),
+                    d.with_finished_at("$result"),
+                ),
+                &FinishRun::names(),
             ),
             insert_batch_keys:
                 "INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES ($1, $2, $3, $4)"
                     .to_string(),
-            insert_reject: format!(
-                "INSERT INTO _tm_rejects (pipeline, source, export_type, period_start, run_id, location, field,
-                                          value, reason, record, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, {now})"
+            insert_reject: number(
+                &format!(
+                    "INSERT INTO _tm_rejects (pipeline, source, export_type, period_start, run_id,
+                                              location, field, value, reason, record, created_at)
+                     VALUES ($pipeline, $source, $export_type, $period_start, $run_id,
+                             $location, $field, $value, $reason, $record, {now})"
+                ),
+                &InsertReject::names(),
             ),
             // Compared and ordered as instants: the text of a period start
             // carries its local offset, so text order puts the second
@@ -460,11 +599,12 @@ impl Statements {
                 d.now_minus_secs("$1")
             ),
             interrupt_run: format!(
-                "UPDATE _tm_runs SET status = '{}', error_class = 'interrupted', error_message = $3, {release},
+                "UPDATE _tm_runs SET status = '{}', error_class = '{}', error_message = $3, {release},
                         not_before = NULL, enqueued_at = COALESCE(enqueued_at, {now}), queue_rank = COALESCE(queue_rank, {now}),
                         enqueued_by = COALESCE(enqueued_by, 'operator'), updated_at = {now}
                  WHERE id = $1 AND attempt = $2 AND status = '{running}'",
-                RunStatus::Pending.as_str()
+                RunStatus::Pending.as_str(),
+                StoredClass::Interrupted.as_str(),
             ),
             analyze_runs: match d {
                 Dialect::Postgres => Some("ANALYZE _tm_runs".to_string()),
@@ -550,52 +690,54 @@ impl Statements {
         )
     }
 
-    /// Inserts run keys as `pending`, skipping keys that exist. `$1`
-    /// pipeline, `$2` export type, `$3` priority, `$4` enqueued by, `$5` the
-    /// keys as a JSON array of `[source, period start, period end]`: one
-    /// parameter however many keys, so a chunk of thousands is one short
-    /// statement for the database to parse.
+    /// Inserts run keys as `pending`, skipping keys that exist: binds
+    /// [`EnqueueNew`]. The keys are one JSON parameter however many they
+    /// are, so a chunk of thousands is one short statement for the database
+    /// to parse.
     pub(crate) fn enqueue_new(&self) -> String {
         let d = self.dialect;
         let now = d.now();
-        format!(
+        let sql = format!(
             "INSERT INTO _tm_runs (pipeline, source, export_type, period_start, period_end, status, priority,
                                    enqueued_at, enqueued_by, queue_rank, created_at, updated_at)
-             SELECT $1, {}, $2, {}, {}, '{}', $3, {now}, $4, {}, {now}, {now}
+             SELECT $pipeline, {}, $export_type, {}, {}, '{}', $priority, {now}, $enqueued_by, {},
+                    {now}, {now}
              FROM {} WHERE true
              ON CONFLICT (pipeline, source, export_type, period_start) DO NOTHING",
             d.json_element(0),
             d.json_element(1),
             d.json_element(2),
             RunStatus::Pending.as_str(),
-            d.now_minus_minutes("$3"),
-            d.json_rows("$5"),
-        )
+            d.now_minus_minutes("$priority"),
+            d.json_rows("$keys"),
+        );
+        number(&sql, &EnqueueNew::names())
     }
 
     /// Puts existing keys in `states` back into the queue, fresh (no
-    /// checkpoint). `$1` pipeline, `$2` export type, `$3` priority, `$4`
-    /// enqueued by, `$5` whether a failed key waits for its `not_before`
-    /// (the scheduler) or not (an operator: at once), by the database's
-    /// clock, `$6` the keys as a JSON array of `[source, period start]`,
-    /// looked up one by one by index ([`Dialect::rows_of_keys`]: an
+    /// checkpoint): binds [`Requeue`]. A failed key waits for its
+    /// `not_before` by the database's clock when `respect_backoff`. The
+    /// keys are looked up one by one by index ([`Dialect::rows_of_keys`]: an
     /// `UPDATE ... FROM` scanned every row of the pipeline once per key on
     /// SQLite, and per statement on PostgreSQL with stale statistics).
     pub(crate) fn requeue(&self, states: &[RunStatus]) -> String {
         let d = self.dialect;
         let now = d.now();
         let states: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
-        format!(
-            "UPDATE _tm_runs SET status = '{}', priority = $3, enqueued_at = {now}, enqueued_by = $4,
-                    queue_rank = {}, checkpoint = NULL, not_before = NULL, updated_at = {now}
+        let sql = format!(
+            "UPDATE _tm_runs SET status = '{}', priority = $priority, enqueued_at = {now},
+                    enqueued_by = $enqueued_by, queue_rank = {}, checkpoint = NULL, not_before = NULL,
+                    updated_at = {now}
              WHERE _tm_runs.id IN (SELECT r.id FROM {})
                AND _tm_runs.status IN ({})
-               AND (NOT $5 OR _tm_runs.not_before IS NULL OR _tm_runs.not_before <= {now})",
+               AND (NOT $respect_backoff OR _tm_runs.not_before IS NULL
+                    OR _tm_runs.not_before <= {now})",
             RunStatus::Pending.as_str(),
-            d.now_minus_minutes("$3"),
-            d.rows_of_keys("$6", "$1", "$2", "id"),
+            d.now_minus_minutes("$priority"),
+            d.rows_of_keys("$keys", "$pipeline", "$export_type", "id"),
             states.join(", "),
-        )
+        );
+        number(&sql, &Requeue::names())
     }
 
     /// Takes `pending` keys of pipeline `$1` out of the queue, optionally
@@ -657,6 +799,7 @@ mod tests {
                 &s.start_attempt,
                 &s.end_attempt,
                 &s.save_progress,
+                &s.finish_run,
                 &s.heartbeat,
                 &s.insert_reject,
                 &s.fail_run,
@@ -680,6 +823,31 @@ mod tests {
                 used.sort_unstable();
                 used.dedup();
                 assert_eq!(used, (1..=used.len()).collect::<Vec<_>>(), "{sql}");
+            }
+        }
+    }
+
+    /// A statement written with named placeholders uses every parameter of
+    /// its struct: a field the text forgot would shift nothing (the numbers
+    /// follow the struct) but bind a value nobody reads.
+    #[test]
+    fn named_statements_use_every_parameter_of_their_struct() {
+        for dialect in [Dialect::Postgres, Dialect::Sqlite] {
+            let s = Statements::of(dialect);
+            for (sql, params) in [
+                (&s.start_attempt, StartAttempt::names().len()),
+                (&s.end_attempt, EndAttempt::names().len()),
+                (&s.save_progress, SaveProgress::names().len()),
+                (&s.finish_run, FinishRun::names().len()),
+                (&s.insert_reject, InsertReject::names().len()),
+                (&s.enqueue_new(), EnqueueNew::names().len()),
+                (&s.requeue(&[RunStatus::Failed]), Requeue::names().len()),
+            ] {
+                let highest = (1..=params).rev().find(|n| {
+                    sql.match_indices(&format!("${n}"))
+                        .any(|(i, m)| !sql[i + m.len()..].starts_with(|c: char| c.is_ascii_digit()))
+                });
+                assert_eq!(highest, Some(params), "{sql}");
             }
         }
     }
