@@ -1020,7 +1020,6 @@ async fn stored_error_class_reads_back_typed(postgres: bool) {
         other => panic!("expected an invariant error, got {other:?}"),
     }
     store.close().await;
-    db.drop_db().await;
 }
 
 /// The values a state column's `CHECK (status IN (...))` allows, as the
@@ -1088,7 +1087,6 @@ async fn state_enums_are_the_check_constraints(postgres: bool) {
         allowed_states(&db.url, "_tm_attempts").await,
         sorted(attempts.to_vec())
     );
-    db.drop_db().await;
 }
 
 /// Claims `k` and records a permanent failure of the attempt.
