@@ -3,13 +3,16 @@
 //! periods' instants (a DST fall-back day has two 02:00 hours, whose text
 //! sorts the wrong way round).
 
+use std::time::{Duration, Instant};
+
 use serde_json::Value as Json;
 
-use crate::support::{backend_tests, Backend, Env};
+use crate::support::{backend_tests, Backend, Env, FifoWriter};
 
 backend_tests! {
     status_over_a_range_shows_missing_periods_in_time_order: status_over_a_range_shows_missing_periods_in_time_order_sqlite, status_over_a_range_shows_missing_periods_in_time_order_postgres;
     status_only_selects_one_state: status_only_selects_one_state_sqlite, status_only_selects_one_state_postgres;
+    status_period_tells_a_lost_attempt_and_its_resumption: status_period_tells_a_lost_attempt_and_its_resumption_sqlite, status_period_tells_a_lost_attempt_and_its_resumption_postgres;
 }
 
 /// Hourly periods in Berlin from two NDJSON sources: `a` needs a file per
@@ -252,4 +255,162 @@ async fn status_only_selects_one_state(backend: Backend) {
         ]
     )
     .is_empty());
+}
+
+/// `status --period` tells the period's story from the attempt history:
+/// attempt 1 `lost` (its worker `kill -9`ed after two committed batches),
+/// attempt 2 `resumed` from batch 2 and `done`, each with its own worker
+/// (pid) and times, and the rejected record of the first batch with its
+/// reason, in the table's text and in `--json`.
+async fn status_period_tells_a_lost_attempt_and_its_resumption(backend: Backend) {
+    let env = Env::new(backend).await;
+    env.write(
+        "pipelines/p.toml",
+        r#"name = "p"
+export_type = "t"
+
+[period]
+granularity = "day"
+timezone = "UTC"
+start = "2024-01-01"
+
+[[sources]]
+id = "s"
+transport = "file"
+format = "csv"
+path = "data/{period.start:%Y-%m-%d}.csv"
+
+[fields]
+id = { type = "text", required = true }
+v = { type = "int" }
+
+[load]
+table = "p"
+key = ["id"]
+batch_size = 5
+max_rejects = 3
+"#,
+    );
+    env.tidemark(&["migrate"]).expect_code(0, "migrate");
+    let rows: Vec<String> = (1..=20)
+        .map(|i| match i {
+            3 => "r03,three".to_string(),
+            _ => format!("r{i:02},{i}"),
+        })
+        .collect();
+    let path = env.path("pipelines/data/2024-01-08.csv");
+    let fifo = FifoWriter::create(&path);
+    let run1 = env.spawn(&["run", "p", "--period", "2024-01-08"]);
+    let pid1 = run1.pid().to_string();
+    fifo.write(&format!("id,v\n{}\n", rows[..12].join("\n")));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let batches = if env.db.table_exists("_tm_runs").await {
+            env.db.select(&["batches"], "FROM _tm_runs").await
+        } else {
+            Vec::new()
+        };
+        if batches.first().and_then(|r| r[0].as_deref()) == Some("2") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "two batches not committed: {batches:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    run1.kill9();
+    drop(fifo);
+    std::fs::remove_file(&path).expect("remove the FIFO");
+    env.write(
+        "pipelines/data/2024-01-08.csv",
+        &format!("id,v\n{}\n", rows.join("\n")),
+    );
+    let run2 = env.spawn(&["run", "p", "--period", "2024-01-08"]);
+    let pid2 = run2.pid().to_string();
+    run2.finish(Duration::from_secs(60))
+        .expect_code(0, "the re-run after kill -9");
+
+    let out = env.tidemark(&["status", "p", "--period", "2024-01-08", "--json"]);
+    out.expect_code(0, "status --period --json");
+    let lines = out.json_lines();
+    assert_eq!(lines.len(), 1, "{out}");
+    let line = &lines[0];
+    assert_eq!(line["status"], "done", "{line}");
+    let history = line["history"].as_array().expect("history");
+    assert_eq!(history.len(), 2, "{line}");
+    let (a1, a2) = (&history[0], &history[1]);
+    assert_eq!(
+        (&a1["attempt"], &a1["status"]),
+        (&Json::from(1), &Json::from("lost"))
+    );
+    assert_eq!(a1["resumed"], false);
+    assert!(
+        a1["finished_at"].is_string(),
+        "a lost attempt has its end: {a1}"
+    );
+    assert_eq!(
+        (&a2["attempt"], &a2["status"]),
+        (&Json::from(2), &Json::from("done"))
+    );
+    assert_eq!(
+        (&a2["resumed"], &a2["from_batch"]),
+        (&Json::from(true), &Json::from(2))
+    );
+    assert_eq!(a2["rows_read"], 20, "{a2}");
+    assert_eq!(a2["rows_rejected"], 1, "{a2}");
+    let worker_pid = |a: &Json| {
+        a["worker"]
+            .as_str()
+            .unwrap_or("")
+            .split(':')
+            .nth(1)
+            .map(str::to_string)
+    };
+    assert_eq!(
+        worker_pid(a1),
+        Some(pid1.clone()),
+        "attempt 1 names the killed worker"
+    );
+    assert_eq!(
+        worker_pid(a2),
+        Some(pid2.clone()),
+        "attempt 2 names the worker that resumed"
+    );
+    assert_eq!(line["rejects_total"], 1, "{line}");
+    let reject = &line["rejects"][0];
+    assert_eq!(
+        (&reject["field"], &reject["value"]),
+        (&Json::from("v"), &Json::from("three"))
+    );
+    assert!(
+        reject["location"].as_str().is_some_and(|l| l.contains('4')),
+        "the file line of r03: {reject}"
+    );
+
+    let out = env.tidemark(&["status", "p", "--period", "2024-01-08"]);
+    out.expect_code(0, "status --period");
+    let attempt_line = |n: &str| {
+        out.stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("attempt {n} ")))
+            .unwrap_or_else(|| panic!("no attempt {n} line\n{out}"))
+            .to_string()
+    };
+    let (l1, l2) = (attempt_line("1"), attempt_line("2"));
+    assert!(
+        l1.contains("lost") && l1.contains(&format!("pid {pid1}")),
+        "{l1}"
+    );
+    assert!(
+        l2.contains("done") && l2.contains(&format!("pid {pid2}")),
+        "{l2}"
+    );
+    assert!(l2.contains("resumed from batch 2"), "{l2}");
+    assert!(out.stdout.contains("rejected 1 record(s):"), "{out}");
+    assert!(out.stdout.contains("field v, value \"three\""), "{out}");
+
+    // Other commands' output is unchanged: only `--period` adds a story.
+    let out = env.tidemark(&["status", "p", "--json"]);
+    assert!(out.json_lines()[0].get("history").is_none(), "{out}");
 }

@@ -38,6 +38,7 @@ mod serve;
 mod setup;
 mod signals;
 mod status;
+mod story;
 
 use std::process::ExitCode;
 

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tidemark_core::{Period, Pipeline, RunKey};
-use tidemark_load::{Counts, LedgerEntry};
+use tidemark_load::{AttemptEntry, Counts, History, LedgerEntry, RejectEntry};
 
 use crate::exit::Exit;
 use tidemark_engine::Outcome;
@@ -217,6 +217,10 @@ struct MissingJson<'a> {
     enqueued_by: Option<String>,
     /// When the period becomes (or became) due: its end plus `lag`.
     due_at: Option<String>,
+    /// With `--period`: an empty story, so both kinds of line have one
+    /// set of fields.
+    #[serde(flatten)]
+    story: Option<StoryJson<'a>>,
 }
 
 /// An instant as RFC 3339 in UTC, to the second.
@@ -231,14 +235,37 @@ struct RecordedJson<'a> {
     #[serde(flatten)]
     entry: &'a LedgerEntry,
     due_at: Option<String>,
+    /// With `--period`: the key's attempts and first rejects.
+    #[serde(flatten)]
+    story: Option<StoryJson<'a>>,
 }
 
-/// `status --json`: one object per line.
-pub fn print_status_json(line: &StatusLine<'_>) {
+/// The fields `status --period --json` adds to a recorded line.
+#[derive(Serialize)]
+struct StoryJson<'a> {
+    history: &'a [AttemptEntry],
+    rejects: &'a [RejectEntry],
+    rejects_total: i64,
+}
+
+impl<'a> StoryJson<'a> {
+    fn of(history: &'a History) -> Self {
+        StoryJson {
+            history: &history.attempts,
+            rejects: &history.rejects,
+            rejects_total: history.rejects_total,
+        }
+    }
+}
+
+/// `status --json`: one object per line; a recorded line of `--period`
+/// carries its story (`history`, `rejects`, `rejects_total`).
+pub fn print_status_json(line: &StatusLine<'_>, story: Option<&History>) {
     let json = match *line {
         StatusLine::Recorded { entry, due_at } => serde_json::to_string(&RecordedJson {
             entry,
             due_at: due_at.map(rfc3339),
+            story: story.map(StoryJson::of),
         }),
         StatusLine::Missing {
             pipeline,
@@ -271,6 +298,7 @@ pub fn print_status_json(line: &StatusLine<'_>) {
             not_before: None,
             enqueued_by: None,
             due_at: due_at.map(rfc3339),
+            story: story.map(StoryJson::of),
         }),
     };
     if let Ok(json) = json {

@@ -2,8 +2,10 @@
 //! pipeline ([`tidemark_engine::status`]), as a table or one JSON object
 //! per line. No source is read, no secret is needed.
 
-use tidemark_core::Error;
+use chrono::{DateTime, Utc};
+use tidemark_core::{Error, Pipeline};
 use tidemark_engine::status::{StatusItem, StatusQuery};
+use tidemark_engine::{History, Store};
 
 use crate::cli::StatusArgs;
 use crate::exit::Exit;
@@ -39,17 +41,21 @@ pub async fn status(setup: &Setup<'_>, args: StatusArgs) -> Result<Exit, Error> 
             tidemark_load::redact_url(&global.database_url)
         );
     }
-    let mut table = output::StatusTable::default();
     let json = args.json;
-    let given = tidemark_engine::status::status(store.as_ref(), &pipeline, query, now, |item| {
-        let line = line_of(&item);
-        if json {
-            output::print_status_json(&line);
-        } else {
-            table.add(&line);
-        }
-    })
-    .await;
+    let given = if args.period.is_some() {
+        period_story(store.as_ref(), &pipeline, query, now, json).await
+    } else {
+        let mut table = output::StatusTable::default();
+        tidemark_engine::status::status(store.as_ref(), &pipeline, query, now, |item| {
+            let line = line_of(&item);
+            if json {
+                output::print_status_json(&line, None);
+            } else {
+                table.add(&line);
+            }
+        })
+        .await
+    };
     if let Some(store) = &store {
         store.close().await;
     }
@@ -57,6 +63,47 @@ pub async fn status(setup: &Setup<'_>, args: StatusArgs) -> Result<Exit, Error> 
         output::say_no_status(&pipeline, only.is_some());
     }
     Ok(Exit::Success)
+}
+
+/// One period: its lines (one per source, a handful), then each recorded
+/// key's story from the attempt history ([`crate::story`]). The number of
+/// lines given.
+async fn period_story(
+    store: Option<&Store>,
+    pipeline: &Pipeline,
+    query: StatusQuery,
+    now: DateTime<Utc>,
+    json: bool,
+) -> Result<usize, Error> {
+    let mut items = Vec::new();
+    let given =
+        tidemark_engine::status::status(store, pipeline, query, now, |item| items.push(item))
+            .await?;
+    let mut stories = Vec::new();
+    for item in &items {
+        let history = match (item, store) {
+            (StatusItem::Recorded { entry, .. }, Some(store)) => store.history(entry).await?,
+            // A missing line has the fields of a recorded one: an empty story.
+            _ => History::default(),
+        };
+        stories.push(history);
+    }
+    let mut table = output::StatusTable::default();
+    for (item, history) in items.iter().zip(&stories) {
+        if json {
+            output::print_status_json(&line_of(item), Some(history));
+        } else {
+            table.add(&line_of(item));
+        }
+    }
+    if !json {
+        for (item, history) in items.iter().zip(&stories) {
+            if let StatusItem::Recorded { entry, .. } = item {
+                crate::story::print(entry, history);
+            }
+        }
+    }
+    Ok(given)
 }
 
 fn line_of(item: &StatusItem) -> StatusLine<'_> {

@@ -64,4 +64,4 @@ pub use shutdown::Shutdown;
 
 pub use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
 pub use tidemark_extract::{Batch, BatchSource, Checkpoint, OpenRequest, OpenSource};
-pub use tidemark_load::{Store, WorkerId};
+pub use tidemark_load::{AttemptEntry, History, LedgerEntry, RejectEntry, Store, WorkerId};

@@ -29,9 +29,9 @@ use ledger::flow;
 
 pub use ledger::preview::{KeyRef, KeyRow, Preview};
 pub use ledger::{
-    process_is_gone, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue, EnqueuedBy,
-    Lease, LedgerEntry, QueueKey, QueuePipeline, QueuedRun, RunStatus, StartRange, StoredClass,
-    UnknownClass, UnknownState, WorkerId,
+    process_is_gone, AttemptEntry, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue,
+    EnqueuedBy, History, Lease, LedgerEntry, QueueKey, QueuePipeline, QueuedRun, RejectEntry,
+    RunStatus, StartRange, StoredClass, UnknownClass, UnknownState, WorkerId, FIRST_REJECTS,
 };
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter, WriterOptions};
@@ -327,6 +327,12 @@ impl Store {
         each: impl FnMut(LedgerEntry) -> Result<(), Error> + Send,
     ) -> Result<(), Error> {
         dispatch!(self, s => flow::status_each(s, pipeline, range, each).await)
+    }
+
+    /// `entry`'s story: every attempt the ledger holds, oldest first, and
+    /// the current run's first rejected records (`status --period`).
+    pub async fn history(&self, entry: &LedgerEntry) -> Result<History, Error> {
+        dispatch!(self, s => ledger::history::history(s, entry).await)
     }
 
     /// Deletes attempt history and rejects older than `age`. Returns the

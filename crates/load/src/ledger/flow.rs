@@ -28,7 +28,7 @@ use crate::writer::{
     refuse_deletes, result_json, BatchOutcome, BatchWrite, Lineage, Reconcile, Stamp,
 };
 
-fn sql<D: Driver>() -> &'static Statements {
+pub(super) fn sql<D: Driver>() -> &'static Statements {
     Statements::of(D::DIALECT)
 }
 
@@ -192,6 +192,7 @@ async fn take<D: Driver>(
             Arg::Text(&run_id),
             Arg::Text(&owner),
             Arg::Bool(!fresh),
+            Arg::OptInt((!fresh).then_some(batches)),
         ],
     )
     .await?;

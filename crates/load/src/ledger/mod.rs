@@ -13,6 +13,7 @@
 mod class;
 pub(crate) mod driver;
 pub(crate) mod flow;
+pub(crate) mod history;
 pub(crate) mod params;
 pub(crate) mod preview;
 mod rules;
@@ -27,6 +28,7 @@ use serde::{Serialize, Serializer};
 use tidemark_core::{Hash128, KeySet};
 
 pub use class::{StoredClass, UnknownClass};
+pub use history::{AttemptEntry, History, RejectEntry, FIRST_REJECTS};
 pub use rules::process_is_gone;
 
 /// The state of a run key (`_tm_runs.status`).

@@ -358,7 +358,8 @@ pub(crate) struct Statements {
     pub delete_batches: String,
     /// Starts an attempt on the run row: binds [`StartAttempt`].
     pub start_attempt: String,
-    /// `$1` run ref, `$2` attempt, `$3` run id, `$4` worker, `$5` resumed.
+    /// `$1` run ref, `$2` attempt, `$3` run id, `$4` worker, `$5` resumed,
+    /// `$6` the batch count it continues from (NULL when it starts fresh).
     pub insert_attempt: String,
     /// `$1` lease seconds, `$2` run ref, `$3` attempt.
     pub heartbeat: String,
@@ -387,6 +388,14 @@ pub(crate) struct Statements {
     pub insert_reject: String,
     /// `$1` pipeline, `$2` period start or NULL.
     pub status: String,
+    /// A run key's attempts, oldest first. `$1..$4`: the run key.
+    pub attempts: String,
+    /// A run's first rejected records. `$1..$4`: the run key, `$5` run
+    /// id, `$6` limit.
+    pub rejects: String,
+    /// How many records a run rejected (`n`). `$1..$4`: the run key, `$5`
+    /// run id.
+    pub reject_count: String,
     /// `$1` age in seconds (from the database's clock, which stamped them).
     pub prune_attempts: String,
     /// `$1` age in seconds.
@@ -487,8 +496,8 @@ impl Statements {
                 &StartAttempt::names(),
             ),
             insert_attempt: format!(
-                "INSERT INTO _tm_attempts (run_ref, attempt, run_id, worker, status, resumed, started_at)
-                 VALUES ($1, $2, $3, $4, '{attempt_running}', $5, {now})"
+                "INSERT INTO _tm_attempts (run_ref, attempt, run_id, worker, status, resumed, from_batch, started_at)
+                 VALUES ($1, $2, $3, $4, '{attempt_running}', $5, $6, {now})"
             ),
             heartbeat: format!(
                 "UPDATE _tm_runs SET lease_expires_at = {}
@@ -589,6 +598,22 @@ impl Statements {
                 start = d.instant("period_start"),
                 from = d.instant("$2"),
                 to = d.instant("$3"),
+            ),
+            attempts: format!(
+                "SELECT a.attempt, a.run_id, a.worker, a.status,
+                        CAST(CASE WHEN a.resumed THEN 1 ELSE 0 END AS BIGINT) AS resumed, a.from_batch,
+                        a.rows_read, a.rows_inserted, a.rows_updated, a.rows_deleted, a.rows_rejected,
+                        a.error_class, a.error_message, a.started_at, a.finished_at
+                 FROM _tm_attempts a JOIN _tm_runs r ON r.id = a.run_ref
+                 WHERE r.{} ORDER BY a.attempt",
+                run_key.replace(" AND ", " AND r.")
+            ),
+            rejects: format!(
+                "SELECT location, field, value, reason FROM _tm_rejects
+                 WHERE {run_key} AND run_id = $5 ORDER BY id LIMIT $6"
+            ),
+            reject_count: format!(
+                "SELECT COUNT(*) AS n FROM _tm_rejects WHERE {run_key} AND run_id = $5"
             ),
             prune_attempts: format!(
                 "DELETE FROM _tm_attempts WHERE finished_at IS NOT NULL AND finished_at < {}",
