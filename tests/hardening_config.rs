@@ -332,14 +332,15 @@ async fn snapshot(env: &Env) -> (Vec<Vec<Option<String>>>, Option<Vec<u8>>) {
 
 /// `status` on a ledger at an old migration migrated it (under processes
 /// of the old build). The ledger here lacks the newest migration (its
-/// index dropped, its row deleted: what the previous release left); every
+/// views dropped, its row deleted: what the previous release left); every
 /// command that only reads leaves it exactly as it was and says to run
 /// `tidemark migrate` (exit 2); `validate` does not open it at all.
 async fn read_only_commands_leave_an_old_ledger_as_it_is(backend: Backend) {
     let env = loaded_day(backend, 3, "").await;
-    env.db.execute("DROP INDEX _tm_runs_running").await;
+    env.db.execute("DROP VIEW tidemark_v1_periods").await;
+    env.db.execute("DROP VIEW tidemark_v1_attempts").await;
     env.db
-        .execute("DELETE FROM _sqlx_migrations WHERE version = 6")
+        .execute("DELETE FROM _sqlx_migrations WHERE version = 8")
         .await;
     let before = snapshot(&env).await;
     #[rustfmt::skip]
@@ -359,7 +360,7 @@ async fn read_only_commands_leave_an_old_ledger_as_it_is(backend: Backend) {
             &[
                 "tidemark migrate",
                 "older than this tidemark",
-                "migration 6",
+                "migration 8",
             ],
         );
         assert!(

@@ -25,3 +25,4 @@ mod scheduler;
 mod service;
 mod status;
 mod storage;
+mod views;

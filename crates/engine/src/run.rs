@@ -65,6 +65,93 @@ enum Ended {
     Interrupted,
 }
 
+/// What a run has committed so far: its counts and batches, as the ledger
+/// holds them (a resumed attempt starts from those of the attempts before
+/// it; a restart from scratch sets them back to 0).
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    counts: Counts,
+    batches: i64,
+}
+
+impl Tally {
+    /// The writer's committed counts and batches.
+    fn take(&mut self, writer: &RunWriter) {
+        self.counts = writer.counts();
+        self.batches = writer.batches();
+    }
+}
+
+/// The one summary line an attempt logs as it ends (`run done`, `run
+/// failed`, or `run interrupted; ...`): every count of the run and the
+/// attempt's duration as separate fields, so `--log-format json` gives a
+/// machine-readable record (README "Watching it"). Inside the run's span,
+/// which names the run key, run id and attempt.
+pub(crate) struct Summary {
+    tally: Tally,
+    duration: Duration,
+    resumed: bool,
+}
+
+/// Logs a [`Summary`] at `$level` with `$message`, plus any more fields.
+macro_rules! summary {
+    ($level:ident, $summary:expr, $outcome:expr, $message:expr $(, $($extra:tt)+)?) => {{
+        let s: &Summary = $summary;
+        let c = &s.tally.counts;
+        tracing::$level!(
+            outcome = $outcome,
+            rows_read = c.rows_read,
+            rows_inserted = c.rows_inserted,
+            rows_updated = c.rows_updated,
+            rows_unchanged = c.rows_unchanged,
+            rows_deleted = c.rows_deleted,
+            rows_rejected = c.rows_rejected,
+            rows_superseded = c.rows_superseded,
+            rows_expected = c.rows_expected,
+            batches = s.tally.batches,
+            resumed = s.resumed,
+            duration_ms = u64::try_from(s.duration.as_millis()).unwrap_or(u64::MAX),
+            $($($extra)+,)?
+            $message
+        )
+    }};
+}
+
+impl Summary {
+    /// An attempt that ended before it read anything: the counts the
+    /// claim found, no time spent.
+    pub(crate) fn unstarted(run: &ClaimedRun) -> Summary {
+        Summary {
+            tally: Tally {
+                counts: run.counts,
+                batches: run.batches,
+            },
+            duration: Duration::ZERO,
+            resumed: run.resume.is_some(),
+        }
+    }
+
+    /// `run done`.
+    fn done(&self) {
+        summary!(info, self, "done", "run done");
+    }
+
+    /// `run failed`, with the error's class and message.
+    pub(crate) fn failed(&self, error: &Error) {
+        summary!(error, self, "failed", "run failed", error_class = %error.class(), error = %error);
+    }
+
+    /// The key was handed back to the queue after a signal.
+    fn interrupted(&self) {
+        summary!(
+            info,
+            self,
+            "interrupted",
+            "run interrupted; key handed back to the queue"
+        );
+    }
+}
+
 /// How one run key is run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunFlags {
@@ -183,29 +270,38 @@ impl Job {
 
     async fn attempt(&self, run: ClaimedRun, ctx: &Context) -> Outcome {
         let lease = run.lease.clone();
-        tracing::info!(resumed = run.resume.is_some(), "run started");
+        let resumed = run.resume.is_some();
+        tracing::info!(resumed, "run started");
         let heartbeat = spawn_heartbeat(self.store.clone(), lease.clone(), ctx.lease_ttl);
         let started = std::time::Instant::now();
-        let mut counts = run.counts;
-        let result = self.execute(run, &mut counts, &ctx.shutdown).await;
+        let mut tally = Tally {
+            counts: run.counts,
+            batches: run.batches,
+        };
+        let result = self.execute(run, &mut tally, &ctx.shutdown).await;
         heartbeat.abort();
+        let summary = Summary {
+            tally,
+            duration: started.elapsed(),
+            resumed,
+        };
         match result {
             Ok(Ended::Done(result)) => {
-                let superseded = counts.rows_superseded;
+                let superseded = tally.counts.rows_superseded;
                 if superseded > 0 {
                     tracing::info!(
                         rows_superseded = superseded,
                         "{superseded} row(s) left as they are: a later period holds their key (`TIDEMARK_LOG=debug` names them)"
                     );
                 }
-                tracing::info!(elapsed_ms = started.elapsed().as_millis(), result = %result, "run done");
+                summary.done();
                 Outcome::Done(result)
             }
-            Ok(Ended::Interrupted) => self.hand_back(&lease, &counts).await,
+            Ok(Ended::Interrupted) => self.hand_back(&lease, &summary).await,
             Err(error) => {
-                tracing::error!(class = %error.class(), error = %error, "run failed");
+                summary.failed(&error);
                 if !matches!(error, Error::LeaseLost(_)) {
-                    self.record_failure(&lease, &counts, &error).await;
+                    self.record_failure(&lease, &tally.counts, &error).await;
                 }
                 Outcome::Failed(error)
             }
@@ -220,7 +316,8 @@ impl Job {
 
     /// Ends an attempt stopped by a signal after its last committed batch:
     /// the key goes back to the queue with its checkpoint.
-    async fn hand_back(&self, lease: &Lease, counts: &Counts) -> Outcome {
+    async fn hand_back(&self, lease: &Lease, summary: &Summary) -> Outcome {
+        let counts = &summary.tally.counts;
         let why =
             "interrupted by a signal after its last committed batch; the next claim resumes it";
         match record_despite_full_storage(&self.store, || {
@@ -231,10 +328,7 @@ impl Job {
         .await
         {
             Ok(()) => {
-                tracing::info!(
-                    rows_read = counts.rows_read,
-                    "run interrupted; key handed back to the queue"
-                );
+                summary.interrupted();
                 Outcome::Interrupted
             }
             Err(error) => {
@@ -247,7 +341,7 @@ impl Job {
     async fn execute(
         &self,
         mut run: ClaimedRun,
-        counts: &mut Counts,
+        tally: &mut Tally,
         shutdown: &Shutdown,
     ) -> Result<Ended, Error> {
         let pipeline = &*self.pipeline;
@@ -298,6 +392,8 @@ impl Job {
                     .await?;
                     run = fresh(run, run_id);
                     writer = self.open_writer(&schema, &run).await?;
+                    // The ledger's counts went back to 0 with the restart.
+                    tally.take(&writer);
                     committed = None;
                     batches = self.produce(&reads, None, &transformer);
                     continue;
@@ -330,7 +426,7 @@ impl Job {
                     {
                         let last = (&rows[..], &rejects[..], batch.read, &batch.checkpoint);
                         let result = finish_one(&mut writer, last, &reconcile, &mut backoff).await;
-                        *counts = writer.counts();
+                        tally.take(&writer);
                         return result.map(Ended::Done);
                     }
                     None => {}
@@ -348,7 +444,7 @@ impl Job {
                 }
             }
             backoff.reset();
-            *counts = writer.counts();
+            tally.take(&writer);
             tracing::debug!(
                 rows = batch.read,
                 kept = rows.len(),
@@ -359,11 +455,12 @@ impl Job {
         }
         // Before anything is reconciled or the period is done.
         let checked = self.check_complete(&mut writer, batches.expected(), 0);
-        *counts = writer.counts();
+        tally.take(&writer);
         checked?;
-        finish(&mut writer, &reconcile, &mut backoff)
-            .await
-            .map(Ended::Done)
+        let result = finish(&mut writer, &reconcile, &mut backoff).await?;
+        // The reconciliation's deletes are counted now.
+        tally.take(&writer);
+        Ok(Ended::Done(result))
     }
 
     /// Completeness (`expect_count`): the rows read for the period, with

@@ -474,6 +474,18 @@ async fn run_queued(shared: &Shared, pipelines: &Pipelines, queued: QueuedRun) -
                 |p| p.retry,
             );
             let run = &queued.run;
+            // Its attempt ends here: the run's one summary line, in the
+            // span a run logs in.
+            tracing::info_span!(
+                "run",
+                pipeline = %queued.pipeline,
+                source = %queued.source,
+                export_type = %queued.export_type,
+                period = %queued.period_start,
+                run_id = %run.lease.run_id,
+                attempt = run.lease.attempt,
+            )
+            .in_scope(|| crate::run::Summary::unstarted(run).failed(&error));
             let store = shared.engine.store();
             crate::run::record_failure(store, &policy, &run.lease, &run.counts, &error).await;
             return Worked::of(&queued, Outcome::Failed(error));
