@@ -84,6 +84,56 @@ pub enum Command {
     Prune(PruneArgs),
     /// Apply the ledger migrations (also done on every start).
     Migrate,
+    /// Print a shell completion script for tidemark on stdout.
+    ///
+    /// Install it where the shell looks for completions, for example:
+    ///
+    ///   bash: tidemark completions bash > ~/.local/share/bash-completion/completions/tidemark
+    ///
+    ///   zsh:  tidemark completions zsh > ~/.zfunc/_tidemark
+    ///         (with `fpath+=~/.zfunc; autoload -Uz compinit; compinit` in ~/.zshrc)
+    ///
+    ///   fish: tidemark completions fish > ~/.config/fish/completions/tidemark.fish
+    #[command(verbatim_doc_comment)]
+    Completions(CompletionsArgs),
+    /// Print the JSON Schema (draft 07) of the pipeline file on stdout.
+    ///
+    /// The same schema is shipped as schema/pipeline.schema.json. A TOML
+    /// language server (taplo, Even Better TOML) uses it to validate and
+    /// complete pipeline files: put `#:schema ./schema/pipeline.schema.json`
+    /// (a path relative to the file) on a pipeline's first line, or map
+    /// pipelines/*.toml to it in .taplo.toml. The schema checks each key and
+    /// its type; `validate` also checks what depends on several values.
+    Schema,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: Shell,
+}
+
+/// Shells `completions` writes a script for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Shell {
+    /// Bash (with the bash-completion package).
+    Bash,
+    /// Zsh.
+    Zsh,
+    /// Fish.
+    Fish,
+}
+
+impl Shell {
+    /// clap_complete's generator for this shell.
+    pub fn generator(self) -> clap_complete::Shell {
+        match self {
+            Shell::Bash => clap_complete::Shell::Bash,
+            Shell::Zsh => clap_complete::Shell::Zsh,
+            Shell::Fish => clap_complete::Shell::Fish,
+        }
+    }
 }
 
 /// Options shared by `run` and `backfill`.

@@ -39,6 +39,8 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
             tell!("ledger migrations applied");
             Ok(Exit::Success)
         }
+        Command::Completions(args) => Ok(crate::tools::completions(args.shell)),
+        Command::Schema => Ok(crate::tools::schema()),
     }
 }
 

@@ -39,6 +39,7 @@ mod setup;
 mod signals;
 mod status;
 mod story;
+mod tools;
 
 use std::process::ExitCode;
 
@@ -60,6 +61,10 @@ fn main() -> ExitCode {
             .into();
         }
     };
+    // Editor and shell helpers: no clock, logging, runtime or database.
+    if let Some(exit) = tools::run(&cli.command) {
+        return exit.into();
+    }
     init_logging(cli.global.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

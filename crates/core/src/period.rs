@@ -36,7 +36,7 @@ use chrono_tz::{GapInfo, Tz};
 use serde::{Deserialize, Serialize};
 
 /// The length of a period.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Granularity {
     /// One hour.

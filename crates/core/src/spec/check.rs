@@ -78,7 +78,7 @@ pub(super) const MEMORY_BUDGET: Limit<u64> = Limit {
     max: (1 << 40, "1TiB"),
     why: "the memory one running period keeps for comparing rows: below 1KiB nothing fits, and past 1TiB no machine has it",
 };
-const LOOKBACK: Limit<u32> = Limit {
+pub(super) const LOOKBACK: Limit<u32> = Limit {
     min: (0, "0"),
     max: (1_000, "1000"),
     why: "sync re-runs the last N done periods on every run; past 1000 it re-runs a whole history each time",

@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::check::Checker;
@@ -16,7 +17,7 @@ use crate::period::Period;
 use crate::value::FieldType;
 
 /// One `[fields]` entry.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FieldSpec {
     /// Column type.
@@ -24,6 +25,7 @@ pub struct FieldSpec {
     pub ty: FieldType,
     /// Input field name, or a JSON pointer (`/customer/id`). Default: the column name.
     #[serde(default)]
+    #[schemars(length(min = 1))]
     pub from: Option<String>,
     /// strftime-style format for date/timestamp/timestamptz input.
     #[serde(default)]
@@ -33,6 +35,7 @@ pub struct FieldSpec {
     pub required: bool,
     /// Used when the input value is missing, null or empty.
     #[serde(default)]
+    #[schemars(schema_with = "super::schema::any_value")]
     pub default: Option<toml::Value>,
     /// A constant or templated value instead of reading the input.
     #[serde(default)]

@@ -6,14 +6,16 @@
 //! their checks beside them; the rules for the table's name itself are in
 //! `names.rs`, shared with the columns.
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::check::{Checker, BATCH_SIZE, MEMORY_BUDGET};
+use super::schema;
 use super::PipelineSpec;
 use crate::error::Error;
 
 /// Within one period's input, what to do with repeated natural keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DuplicateKeyPolicy {
     /// The last occurrence wins.
@@ -26,7 +28,7 @@ pub enum DuplicateKeyPolicy {
 }
 
 /// Rows of a run key absent from the source on a re-run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnMissing {
     /// Leave them.
@@ -39,12 +41,14 @@ pub enum OnMissing {
 }
 
 /// `[load]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LoadSpec {
     /// Destination table.
+    #[schemars(schema_with = "schema::table_name")]
     pub table: String,
     /// Natural key columns (UNIQUE).
+    #[schemars(length(min = 1))]
     pub key: Vec<String>,
     /// Repeated keys within a period.
     #[serde(default)]
@@ -54,12 +58,14 @@ pub struct LoadSpec {
     pub on_missing: OnMissing,
     /// Refuse a reconciliation deleting more than this fraction of the run key's rows.
     #[serde(default = "default_max_delete_fraction")]
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub max_delete_fraction: f64,
     /// Bad rows tolerated per period (kept in the rejects table).
     #[serde(default)]
     pub max_rejects: u64,
     /// Records per batch (one transaction each).
     #[serde(default = "default_batch_size")]
+    #[schemars(range(min = BATCH_SIZE.min.0, max = BATCH_SIZE.max.0))]
     pub batch_size: usize,
     /// The most memory one running period keeps for comparing its rows
     /// with what the table holds (the stored row hashes and the keys it has

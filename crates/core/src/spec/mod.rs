@@ -24,6 +24,7 @@ mod load;
 mod names;
 mod retry;
 mod schedule;
+mod schema;
 mod source;
 
 use std::path::{Path, PathBuf};
@@ -31,12 +32,13 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 use indexmap::IndexMap;
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::error::Error;
 use crate::period::{Granularity, Period};
 use crate::template::Template;
-use check::{Checker, EVERY, LAG};
+use check::{Checker, EVERY, LAG, LOOKBACK};
 use schedule::parse_cron;
 
 pub use bytesize::ByteSize;
@@ -45,18 +47,21 @@ pub use load::{DuplicateKeyPolicy, LoadSpec, OnMissing};
 pub use names::{MAX_IDENTIFIER, RUN_KEY_INDEX_SUFFIX};
 pub use retry::{RetryPolicy, RetrySpec};
 pub use schedule::{Schedule, ScheduleSpec, SCHEDULE_HORIZON_YEARS};
+pub use schema::json_schema;
 pub use source::{
     CustomSourceSpec, ExpectCount, FileSourceSpec, Format, HttpSourceSpec, MissingPolicy,
     Pagination, RateLimit, SourceSpec,
 };
 
 /// A whole pipeline file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSpec {
     /// Pipeline name; part of every run key.
+    #[schemars(length(min = 1))]
     pub name: String,
     /// Export type; part of every run key and of every loaded row.
+    #[schemars(length(min = 1))]
     pub export_type: String,
     /// Handler version, recorded on every run.
     #[serde(default = "default_version")]
@@ -64,8 +69,10 @@ pub struct PipelineSpec {
     /// How periods are cut.
     pub period: PeriodSpec,
     /// One or more sources; each is its own run key.
+    #[schemars(length(min = 1))]
     pub sources: Vec<SourceSpec>,
     /// Output columns, in table order.
+    #[schemars(schema_with = "schema::fields")]
     pub fields: IndexMap<String, FieldSpec>,
     /// Destination and reconciliation.
     pub load: LoadSpec,
@@ -82,13 +89,14 @@ fn default_version() -> String {
 }
 
 /// `[period]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PeriodSpec {
     /// hour, day, week (ISO) or month.
     pub granularity: Granularity,
     /// IANA timezone name; periods follow its wall clock.
     #[serde(default = "default_timezone")]
+    #[schemars(schema_with = "schema::timezone")]
     pub timezone: Tz,
     /// First period for `sync`.
     #[serde(default)]
@@ -98,6 +106,7 @@ pub struct PeriodSpec {
     pub lag: Option<String>,
     /// `sync` re-runs the last N done periods to catch late data.
     #[serde(default)]
+    #[schemars(range(min = LOOKBACK.min.0, max = LOOKBACK.max.0))]
     pub lookback: u32,
 }
 

@@ -7,17 +7,19 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::check::{Checker, DELAY, MAX_ATTEMPTS};
 use crate::error::Error;
 
 /// `[retry]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetrySpec {
     /// Tries of one operation, the first included.
     #[serde(default = "default_max_attempts")]
+    #[schemars(range(min = MAX_ATTEMPTS.min.0, max = MAX_ATTEMPTS.max.0))]
     pub max_attempts: u32,
     /// First backoff ceiling.
     #[serde(default = "default_base_delay")]

@@ -7,14 +7,16 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::Pipeline;
 use crate::error::Error;
 
-/// `[schedule]`.
-#[derive(Debug, Clone, Deserialize)]
+/// `[schedule]`: exactly one of `every` or `cron`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [{ "required": ["every"] }, { "required": ["cron"] }]))]
 pub struct ScheduleSpec {
     /// Interval between checks (`15m`).
     #[serde(default)]

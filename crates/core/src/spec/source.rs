@@ -8,14 +8,16 @@
 
 use bytesize::ByteSize;
 use indexmap::IndexMap;
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::check::{Checker, BURST, PAGE_SIZE, PER_SECOND, TIMEOUT};
+use super::schema;
 use super::PipelineSpec;
 use crate::error::Error;
 
 /// Record formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     /// A JSON document; records at the `records` pointer.
@@ -27,7 +29,7 @@ pub enum Format {
 }
 
 /// What to do when a file source matches no file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum MissingPolicy {
     /// Fail the run (class `source`, no retry).
@@ -38,7 +40,7 @@ pub enum MissingPolicy {
 }
 
 /// One `[[sources]]` entry, tagged by `transport`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(tag = "transport", rename_all = "lowercase")]
 pub enum SourceSpec {
     /// Files on disk.
@@ -65,18 +67,20 @@ impl SourceSpec {
 /// declares it (its id is part of the run key, its records are typed by
 /// `[fields]` like any other), and the program that runs the pipeline
 /// supplies the reader; the `tidemark` binary cannot read it.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CustomSourceSpec {
     /// Source id; part of the run key.
+    #[schemars(length(min = 1))]
     pub id: String,
 }
 
 /// `transport = "file"`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileSourceSpec {
     /// Source id; part of the run key.
+    #[schemars(length(min = 1))]
     pub id: String,
     /// Record format.
     pub format: Format,
@@ -87,6 +91,7 @@ pub struct FileSourceSpec {
     pub missing: MissingPolicy,
     /// JSON pointer to the record array (`json` format).
     #[serde(default)]
+    #[schemars(regex(pattern = "^(/|$)"))]
     pub records: Option<String>,
     /// CSV delimiter (one ASCII character, default `,`).
     #[serde(default)]
@@ -94,10 +99,11 @@ pub struct FileSourceSpec {
 }
 
 /// `transport = "http"`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSourceSpec {
     /// Source id; part of the run key.
+    #[schemars(length(min = 1))]
     pub id: String,
     /// Record format.
     pub format: Format,
@@ -111,6 +117,7 @@ pub struct HttpSourceSpec {
     pub headers: IndexMap<String, String>,
     /// JSON pointer to the record array.
     #[serde(default)]
+    #[schemars(regex(pattern = "^(/|$)"))]
     pub records: Option<String>,
     /// Pagination style.
     #[serde(default)]
@@ -128,10 +135,12 @@ pub struct HttpSourceSpec {
     /// a number of bytes or a size such as `"256MiB"` or `"10MB"`. A
     /// larger page fails the period instead of exhausting memory.
     #[serde(default = "default_max_page_bytes")]
+    #[schemars(schema_with = "schema::byte_size", extend("default" = "256MiB"))]
     pub max_page_bytes: ByteSize,
     /// The most pages one period may have: a last guard against a server
     /// that pages forever in a way the repeat checks cannot see.
     #[serde(default = "default_max_pages")]
+    #[schemars(range(min = 1))]
     pub max_pages: u64,
     /// Where the source declares how many records the period has
     /// (`{ header = "X-Total-Count" }` or `{ pointer = "/meta/total" }`):
@@ -141,14 +150,16 @@ pub struct HttpSourceSpec {
 }
 
 /// `expect_count`: exactly one of `header` or `pointer` (validated).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [{ "required": ["header"] }, { "required": ["pointer"] }]))]
 pub struct ExpectCount {
     /// A response header holding the total (`X-Total-Count`).
     #[serde(default)]
     pub header: Option<String>,
     /// An RFC 6901 JSON pointer into a JSON page to the total (`/meta/total`).
     #[serde(default)]
+    #[schemars(regex(pattern = "^/"))]
     pub pointer: Option<String>,
 }
 
@@ -176,7 +187,7 @@ const fn default_max_pages() -> u64 {
 }
 
 /// Pagination styles.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(tag = "style", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Pagination {
     /// One request.
@@ -192,6 +203,7 @@ pub enum Pagination {
         size_param: Option<String>,
         /// Page size.
         #[serde(default)]
+        #[schemars(range(min = PAGE_SIZE.min.0, max = PAGE_SIZE.max.0))]
         size: Option<u64>,
         /// First page number (default 1).
         #[serde(default = "default_page_start")]
@@ -206,11 +218,13 @@ pub enum Pagination {
         #[serde(default)]
         size_param: Option<String>,
         /// Page size.
+        #[schemars(range(min = PAGE_SIZE.min.0, max = PAGE_SIZE.max.0))]
         size: u64,
     },
     /// A cursor read from each response.
     Cursor {
         /// JSON pointer to the next cursor.
+        #[schemars(regex(pattern = "^/"))]
         cursor: String,
         /// Query parameter that carries it.
         param: String,
@@ -230,13 +244,15 @@ const fn default_page_start() -> u64 {
 }
 
 /// `rate_limit = { per_second, burst }`.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimit {
     /// Sustained requests per second.
+    #[schemars(range(min = PER_SECOND.min.0, max = PER_SECOND.max.0))]
     pub per_second: u32,
     /// Extra requests allowed at once.
     #[serde(default)]
+    #[schemars(range(min = BURST.min.0, max = BURST.max.0))]
     pub burst: Option<u32>,
 }
 
