@@ -21,8 +21,13 @@ const RECORDS: usize = 5;
 
 /// Arrival times carry a little scheduling and network jitter on top of
 /// the bucket's pacing (the token is granted, then the request travels),
-/// so a window is one second less this tolerance.
-const JITTER: Duration = Duration::from_millis(30);
+/// so a window is one second less this tolerance. Measured: the first
+/// requests after a Retry-After pause arrived up to 110 ms after their
+/// grants (two granted at the pause's end arrived together 0.11 s later,
+/// the next one on time), on an idle 2-core machine. A window of 0.85 s
+/// still holds at most 5 grants of a shared 4/s bucket with burst 1 (3
+/// intervals of 0.25 s plus the burst), against 15 for three unshared ones.
+const JITTER: Duration = Duration::from_millis(150);
 
 /// The fake API; started off the test's runtime (it blocks on its own).
 fn start_api() -> Api {
@@ -218,7 +223,25 @@ async fn retry_after_pauses(backend: Backend, processes: usize, extra: &[&str]) 
         "a request arrived {gap:?} after the 429 (day {})",
         next.day
     );
-    assert!(busiest_second(&hits) <= PER_SECOND + BURST);
+    assert!(
+        busiest_second(&hits) <= PER_SECOND + BURST,
+        "more than {} requests within a second: {}",
+        PER_SECOND + BURST,
+        timeline(&hits)
+    );
+}
+
+/// `+0.000s day 2024-04-01 200, ...`: each request's arrival after the
+/// first, for failure messages.
+fn timeline(hits: &[Hit]) -> String {
+    let first = hits.first().map(|h| h.at);
+    hits.iter()
+        .map(|h| {
+            let at = first.map_or(Duration::ZERO, |f| h.at.duration_since(f));
+            format!("+{:.3}s {} {}", at.as_secs_f64(), h.day, h.status)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[tokio::test]
