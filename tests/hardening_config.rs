@@ -356,12 +356,12 @@ async fn read_only_commands_leave_an_old_ledger_as_it_is(backend: Backend) {
         crate::support::repo_root().join(format!("migrations/{dialect}/0008_stable_views.sql")),
     )
     .expect("read migration 8");
+    let views: String = views
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
     for statement in views.split(';') {
-        let statement: String = statement
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n");
         if !statement.trim().is_empty() {
             env.db.execute(&statement).await;
         }

@@ -81,8 +81,10 @@ fn status_of(env: &Env, day: &str) -> Json {
 
 async fn mark_makes_sync_skip_the_marked_range(backend: Backend) {
     let env = daily(backend).await;
-    // 03 and 04 have no file: a read of either fails the period.
-    for day in ["2024-01-01", "2024-01-02", "2024-01-05"] {
+    // 04 and 05 have no file: a read of either fails the period. 05 is the
+    // latest done period once marked: a lookback that took marked periods
+    // would read it.
+    for day in ["2024-01-01", "2024-01-02", "2024-01-03"] {
         day_file(&env, day);
     }
 
@@ -115,18 +117,15 @@ async fn mark_makes_sync_skip_the_marked_range(backend: Backend) {
         "x",
     ])
     .expect_code(2, "an unknown source");
-    assert!(
-        !env.db.table_exists("_tm_runs").await || env.db.count("FROM _tm_runs").await == 0,
-        "a usage error marks nothing"
-    );
+    assert!(env.db.untouched().await, "a usage error touches nothing");
 
     let out = env.tidemark(&[
         "mark",
         "p",
         "--from",
-        "2024-01-03",
-        "--to",
         "2024-01-04",
+        "--to",
+        "2024-01-05",
         "--as",
         "skipped",
         "--note",
@@ -153,19 +152,19 @@ async fn mark_makes_sync_skip_the_marked_range(backend: Backend) {
             .trim_end_matches(':')
             .to_string()
     };
-    for day in ["2024-01-03", "2024-01-04"] {
+    for day in ["2024-01-04", "2024-01-05"] {
         assert_eq!(action(day), "skip", "{day}\n{out}");
     }
-    for day in ["2024-01-01", "2024-01-02", "2024-01-05"] {
+    for day in ["2024-01-01", "2024-01-02", "2024-01-03"] {
         assert_eq!(action(day), "run", "{day}\n{out}");
     }
 
     // The real sync reads only the three files that are there: a read of
-    // 03 or 04 would fail (missing = "error") and exit 1.
+    // 04 or 05 would fail (missing = "error") and exit 1.
     env.tidemark(&["sync", "p"])
         .expect_code(0, "sync skips the marked days");
     assert_eq!(env.db.count("FROM p").await, 9);
-    for day in ["2024-01-03", "2024-01-04"] {
+    for day in ["2024-01-04", "2024-01-05"] {
         let line = status_of(&env, day);
         assert_eq!(line["status"], "done", "{line}");
         assert_eq!(line["marked"], "skipped", "{line}");
@@ -176,19 +175,19 @@ async fn mark_makes_sync_skip_the_marked_range(backend: Backend) {
         );
         assert_eq!(line["rows_read"], 0, "{line}");
     }
-    let loaded = status_of(&env, "2024-01-05");
+    let loaded = status_of(&env, "2024-01-03");
     assert_eq!(loaded["marked"], Json::Null, "{loaded}");
 
     // Again: everything is done, the lookback re-reads the last loaded day
-    // (05), never a marked one.
+    // (03), never a marked one (05).
     env.tidemark(&["sync", "p"])
         .expect_code(0, "sync again: lookback skips marked days");
 
     // The table tells it in NOTE.
-    let out = env.tidemark(&["status", "p", "--from", "2024-01-03", "--to", "2024-01-03"]);
+    let out = env.tidemark(&["status", "p", "--from", "2024-01-04", "--to", "2024-01-04"]);
     out.expect_code(0, "status table");
     assert!(
-        out.stdout.lines().any(|l| l.starts_with("2024-01-03")
+        out.stdout.lines().any(|l| l.starts_with("2024-01-04")
             && l.contains(" done ")
             && l.contains("marked skipped: shop closed")),
         "{out}"
@@ -199,7 +198,7 @@ async fn mark_makes_sync_skip_the_marked_range(backend: Backend) {
         .db
         .select(
             &["worker", "status", "marked", "mark_note"],
-            "FROM tidemark_v1_attempts WHERE period_start LIKE '2024-01-03%'",
+            "FROM tidemark_v1_attempts WHERE period_start LIKE '2024-01-04%'",
         )
         .await;
     assert_eq!(attempts.len(), 1, "{attempts:?}");
@@ -219,9 +218,9 @@ async fn mark_makes_sync_skip_the_marked_range(backend: Backend) {
         "backfill",
         "p",
         "--from",
-        "2024-01-03",
-        "--to",
         "2024-01-04",
+        "--to",
+        "2024-01-05",
         "--only",
         "missing",
     ])
