@@ -363,7 +363,7 @@ async fn read_only_commands_leave_an_old_ledger_as_it_is(backend: Backend) {
         .join("\n");
     for statement in views.split(';') {
         if !statement.trim().is_empty() {
-            env.db.execute(&statement).await;
+            env.db.execute(statement).await;
         }
     }
     env.db

@@ -367,6 +367,17 @@ async fn forced_run_of_a_marked_period_loads_it(backend: Backend) {
     assert_eq!(line["attempts"], 2, "{line}");
     assert_eq!(line["marked"], Json::Null, "{line}");
     assert_eq!(line["mark_note"], Json::Null, "{line}");
+    // The period's story tells the mark apart from the run.
+    let out = env.tidemark(&["status", "p", "--period", "2024-01-02"]);
+    out.expect_code(0, "status --period");
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("attempt 1 ")
+                && l.contains("marked done by mark:")
+                && l.contains("loaded by legacy")),
+        "{out}"
+    );
     let attempts = env
         .db
         .select(
