@@ -337,10 +337,37 @@ async fn snapshot(env: &Env) -> (Vec<Vec<Option<String>>>, Option<Vec<u8>>) {
 /// `tidemark migrate` (exit 2); `validate` does not open it at all.
 async fn read_only_commands_leave_an_old_ledger_as_it_is(backend: Backend) {
     let env = loaded_day(backend, 3, "").await;
+    // The ledger as migration 8 left it: 9's columns dropped (the views
+    // that read them first), 8's views as 8 made them.
     env.db.execute("DROP VIEW tidemark_v1_periods").await;
     env.db.execute("DROP VIEW tidemark_v1_attempts").await;
+    for table in ["_tm_runs", "_tm_attempts"] {
+        for column in ["marked", "mark_note"] {
+            env.db
+                .execute(&format!("ALTER TABLE {table} DROP COLUMN {column}"))
+                .await;
+        }
+    }
+    let dialect = match backend {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+    };
+    let views = std::fs::read_to_string(
+        crate::support::repo_root().join(format!("migrations/{dialect}/0008_stable_views.sql")),
+    )
+    .expect("read migration 8");
+    let views: String = views
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for statement in views.split(';') {
+        if !statement.trim().is_empty() {
+            env.db.execute(statement).await;
+        }
+    }
     env.db
-        .execute("DELETE FROM _sqlx_migrations WHERE version = 8")
+        .execute("DELETE FROM _sqlx_migrations WHERE version = 9")
         .await;
     let before = snapshot(&env).await;
     #[rustfmt::skip]
@@ -360,7 +387,7 @@ async fn read_only_commands_leave_an_old_ledger_as_it_is(backend: Backend) {
             &[
                 "tidemark migrate",
                 "older than this tidemark",
-                "migration 8",
+                "migration 9",
             ],
         );
         assert!(

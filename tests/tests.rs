@@ -18,6 +18,7 @@ mod hardening_queue;
 mod hardening_storage;
 mod http;
 mod library;
+mod mark;
 mod memory_budget;
 mod ownership;
 mod rate_limits;

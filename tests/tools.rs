@@ -52,6 +52,7 @@ const SUBCOMMANDS: &[&str] = &[
     "sync",
     "serve",
     "cancel",
+    "mark",
     "status",
     "validate",
     "prune",

@@ -59,6 +59,8 @@ const PERIODS: &[(&str, &str, &str)] = &[
     ("finished_at", "timestamp with time zone", "TEXT"),
     ("created_at", "timestamp with time zone", "TEXT"),
     ("updated_at", "timestamp with time zone", "TEXT"),
+    ("marked", "text", "TEXT"),
+    ("mark_note", "text", "TEXT"),
 ];
 
 /// `tidemark_v1_attempts`, as [`PERIODS`].
@@ -87,6 +89,8 @@ const ATTEMPTS: &[(&str, &str, &str)] = &[
     ("started_at", "timestamp with time zone", "TEXT"),
     ("finished_at", "timestamp with time zone", "TEXT"),
     ("duration_ms", "bigint", "INT"),
+    ("marked", "text", "TEXT"),
+    ("mark_note", "text", "TEXT"),
 ];
 
 /// `status --json` fields that are not the ledger's but worked out from

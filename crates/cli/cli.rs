@@ -76,6 +76,19 @@ pub enum Command {
     /// Take queued (pending) run keys of a pipeline out of the queue; running
     /// ones finish.
     Cancel(CancelArgs),
+    /// Record periods as done without running them: loaded by another tool
+    /// (--as done, adoption) or deliberately empty (--as skipped).
+    ///
+    /// Each run key of the range (every source, or one with --source) becomes
+    /// `done` with a new attempt that names the operator (mark:$USER@host:pid)
+    /// and carries the note; nothing is read or written in the destination
+    /// table. `sync`, `backfill --only missing`, dry runs and freshness then
+    /// count those periods as done, and `status` shows them with
+    /// `marked done: NOTE` or `marked skipped: NOTE`. A key already done is
+    /// left as it is unless --force; a running key is left to its holder
+    /// (exit 75 when any was). `run --force` or `backfill --force` later
+    /// loads a marked period for real and clears the mark.
+    Mark(MarkArgs),
     /// Show the ledger: what happened to each period.
     Status(StatusArgs),
     /// Check pipeline files without touching any database.
@@ -342,6 +355,50 @@ pub struct CancelArgs {
     /// Only this source.
     #[arg(long)]
     pub source: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct MarkArgs {
+    /// Pipeline name (pipelines/NAME.toml) or path to a .toml file.
+    pub pipeline: String,
+
+    /// Only this period (instead of --from/--to): any date or time inside it.
+    #[arg(long, conflicts_with_all = ["from", "to"], required_unless_present = "from")]
+    pub period: Option<String>,
+
+    /// First period (included).
+    #[arg(long, requires = "to")]
+    pub from: Option<String>,
+
+    /// Last period (included).
+    #[arg(long, requires = "from")]
+    pub to: Option<String>,
+
+    /// Only this source.
+    #[arg(long)]
+    pub source: Option<String>,
+
+    /// What the periods are: `done` (loaded by another tool) or `skipped`
+    /// (deliberately empty).
+    #[arg(long = "as", value_name = "done|skipped")]
+    pub mark_as: MarkAsArg,
+
+    /// Why: kept with the mark in the ledger and shown by `status`.
+    #[arg(long)]
+    pub note: String,
+
+    /// Mark periods that are done already too (recorded again as marked).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `mark --as`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MarkAsArg {
+    /// Loaded by another tool (adoption).
+    Done,
+    /// Deliberately empty.
+    Skipped,
 }
 
 #[derive(Debug, Args)]

@@ -5,10 +5,13 @@ use std::sync::Arc;
 
 use tidemark_core::{Error, ErrorClass, Period, Pipeline, RawRecord};
 use tidemark_engine::plan::{self, Ask, PeriodRange, Planner};
-use tidemark_engine::{Catalog, Engine, Outcome, RunEvent, RunMany, Shutdown, Target, ABSENT_NOTE};
+use tidemark_engine::{
+    Catalog, Engine, MarkAs, Outcome, RunEvent, RunMany, Shutdown, Target, ABSENT_NOTE,
+};
 
 use crate::cli::{
-    BackfillArgs, CancelArgs, Cli, Command, PruneArgs, RunArgs, SyncArgs, ValidateArgs,
+    BackfillArgs, CancelArgs, Cli, Command, MarkArgs, MarkAsArg, PruneArgs, RunArgs, SyncArgs,
+    ValidateArgs,
 };
 use crate::exit::Exit;
 use crate::setup::{range, source_ids, Setup};
@@ -31,6 +34,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
         Command::Sync(args) => sync(&setup, args, signals).await,
         Command::Serve(args) => crate::serve::serve(&setup, args).await,
         Command::Cancel(args) => cancel(&setup, args).await,
+        Command::Mark(args) => mark(&setup, args).await,
         Command::Status(args) => crate::status::status(&setup, args).await,
         Command::Validate(args) => validate(&setup, &args).await,
         Command::Prune(args) => prune(&setup, args).await,
@@ -377,6 +381,59 @@ async fn cancel(setup: &Setup<'_>, args: CancelArgs) -> Result<Exit, Error> {
         pipeline.spec.name
     );
     Ok(Exit::Success)
+}
+
+/// `mark`: periods recorded as done (or skipped) without running them.
+async fn mark(setup: &Setup<'_>, args: MarkArgs) -> Result<Exit, Error> {
+    let pipeline = setup.load(&args.pipeline)?;
+    let periods = match (&args.period, &args.from, &args.to) {
+        (Some(period), _, _) => PeriodRange::one(pipeline.period_arg("--period", period)?),
+        (None, Some(from), Some(to)) => {
+            let (from, to) = range(&pipeline, from, to)?;
+            PeriodRange { from, to }
+        }
+        _ => {
+            return Err(Error::Config {
+                file: "command line".to_string(),
+                key: "--from".to_string(),
+                message: "mark needs --period P, or --from P1 --to P2".to_string(),
+            })
+        }
+    };
+    let sources = source_ids(&pipeline, args.source.as_deref())?;
+    let marked = match args.mark_as {
+        MarkAsArg::Done => MarkAs::Done,
+        MarkAsArg::Skipped => MarkAs::Skipped,
+    };
+    let store = setup.connect().await?;
+    let engine = setup.engine(store, Shutdown::new());
+    let outcome = engine
+        .mark(&pipeline, &sources, periods, marked, &args.note, args.force)
+        .await;
+    engine.close().await;
+    let outcome = outcome?;
+    for held in &outcome.held {
+        tell!(
+            "held: {} {} of pipeline {} is being run by {}; not marked",
+            held.period_start,
+            held.source,
+            pipeline.spec.name,
+            held.owner
+        );
+    }
+    say!(
+        "marked {} run key(s) of pipeline {} as {}; {} already done; {} held",
+        outcome.marked,
+        pipeline.spec.name,
+        marked.as_str(),
+        outcome.already_done,
+        outcome.held.len(),
+    );
+    Ok(if outcome.held.is_empty() {
+        Exit::Success
+    } else {
+        Exit::Held
+    })
 }
 
 async fn validate(setup: &Setup<'_>, args: &ValidateArgs) -> Result<Exit, Error> {

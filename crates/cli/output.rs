@@ -215,6 +215,8 @@ struct MissingJson<'a> {
     priority: i64,
     not_before: Option<String>,
     enqueued_by: Option<String>,
+    marked: Option<String>,
+    mark_note: Option<String>,
     /// When the period becomes (or became) due: its end plus `lag`.
     due_at: Option<String>,
     /// With `--period`: an empty story, so both kinds of line have one
@@ -297,6 +299,8 @@ pub fn print_status_json(line: &StatusLine<'_>, story: Option<&History>) {
             priority: 0,
             not_before: None,
             enqueued_by: None,
+            marked: None,
+            mark_note: None,
             due_at: due_at.map(rfc3339),
             story: story.map(StoryJson::of),
         }),
@@ -413,6 +417,12 @@ fn note(e: &LedgerEntry) -> String {
     let mut notes = Vec::new();
     if let (Some(class), Some(message)) = (&e.error_class, &e.error_message) {
         notes.push(format!("{class}: {message}"));
+    }
+    if let Some(marked) = &e.marked {
+        notes.push(format!(
+            "marked {marked}: {}",
+            e.mark_note.as_deref().unwrap_or("")
+        ));
     }
     if e.provisional {
         notes.push("provisional (done while open)".to_string());

@@ -52,6 +52,16 @@ pub fn print(entry: &LedgerEntry, history: &History) {
 /// `attempt 2  done  host db-2 pid 913  10:02:14 -> 10:05:01  resumed from
 /// batch 41; read 60000 ...`.
 fn attempt_line(a: &AttemptEntry) -> String {
+    if let Some(marked) = &a.marked {
+        return format!(
+            "attempt {:<3} {:<11} marked {marked} by {} at {}, not run: {}",
+            a.attempt,
+            a.status.as_str(),
+            a.worker,
+            a.finished_at.as_deref().unwrap_or(&a.started_at),
+            a.mark_note.as_deref().unwrap_or(""),
+        );
+    }
     let (host, pid) = a.host_pid();
     let mut notes = Vec::new();
     match (a.resumed, a.from_batch) {

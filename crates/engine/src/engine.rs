@@ -11,7 +11,7 @@ use futures_util::{Stream, StreamExt};
 use tidemark_core::spec::SourceSpec;
 use tidemark_core::{Error, Period, Pipeline, RunKey};
 use tidemark_extract::{BuiltInSources, OpenSource};
-use tidemark_load::{EnqueuedBy, RunStatus, Store, WorkerId};
+use tidemark_load::{EnqueuedBy, Mark, MarkAs, Marked, QueueKey, RunStatus, Store, WorkerId};
 
 use crate::clock::{Clock, SystemClock};
 use crate::plan::{self, Ask, Intent, PeriodRange, Planned, Planner};
@@ -319,6 +319,69 @@ impl Engine {
             respect_backoff: false,
         };
         plan::enqueue_plan(&self.store, &mut plan, &how, |_| {}).await
+    }
+
+    /// Records the periods of `range` of `sources` of `pipeline` as done
+    /// without running them (`tidemark mark`): loaded by another tool
+    /// ([`MarkAs::Done`]) or deliberately empty ([`MarkAs::Skipped`]), with
+    /// the operator's `note`. Keys that are running are left to their
+    /// holder (listed in [`Marked::held`]); keys already done are left as
+    /// they are unless `force`. A transaction per page of keys. The
+    /// attempts name the operator ([`Engine::operator`]).
+    pub async fn mark(
+        &self,
+        pipeline: &Pipeline,
+        sources: &[String],
+        range: PeriodRange,
+        marked: MarkAs,
+        note: &str,
+        force: bool,
+    ) -> Result<Marked, Error> {
+        let spec = &pipeline.spec;
+        let fingerprint = pipeline.fields_fingerprint();
+        let worker = Engine::operator();
+        let mut total = Marked::default();
+        let mut page: Vec<QueueKey> = Vec::new();
+        let mut periods = range.periods().peekable();
+        while let Some(period) = periods.next() {
+            let (start, end) = (period.start_rfc3339(), period.end_rfc3339());
+            page.extend(sources.iter().map(|source| QueueKey {
+                source: source.clone(),
+                period_start: start.clone(),
+                period_end: end.clone(),
+            }));
+            if page.len() < plan::PAGE_KEYS && periods.peek().is_some() {
+                continue;
+            }
+            let done = self
+                .store
+                .mark(&Mark {
+                    pipeline: &spec.name,
+                    export_type: &spec.export_type,
+                    keys: &page,
+                    marked,
+                    note,
+                    force,
+                    handler_version: &spec.version,
+                    fields_fingerprint: fingerprint.as_str(),
+                    worker: &worker,
+                })
+                .await?;
+            total.marked += done.marked;
+            total.already_done += done.already_done;
+            total.held.extend(done.held);
+            page.clear();
+        }
+        Ok(total)
+    }
+
+    /// The operator a mark's attempts name: `mark:$USER@host:pid`.
+    pub fn operator() -> String {
+        let user = std::env::var("USER")
+            .or_else(|_| std::env::var("LOGNAME"))
+            .unwrap_or_else(|_| "unknown".to_string());
+        let me = Engine::this_process();
+        format!("mark:{user}@{}:{}", me.host, me.pid)
     }
 
     /// Closes the store's connections (SQLite: checkpoints its WAL).

@@ -64,4 +64,6 @@ pub use shutdown::Shutdown;
 
 pub use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
 pub use tidemark_extract::{Batch, BatchSource, Checkpoint, OpenRequest, OpenSource};
-pub use tidemark_load::{AttemptEntry, History, LedgerEntry, RejectEntry, Store, WorkerId};
+pub use tidemark_load::{
+    AttemptEntry, HeldKey, History, LedgerEntry, MarkAs, Marked, RejectEntry, Store, WorkerId,
+};

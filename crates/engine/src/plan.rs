@@ -657,6 +657,8 @@ key = ["id"]
             not_before: None,
             backing_off: false,
             enqueued_by: None,
+            marked: None,
+            mark_note: None,
         }
     }
 

@@ -30,8 +30,9 @@ use ledger::flow;
 pub use ledger::preview::{KeyRef, KeyRow, Preview};
 pub use ledger::{
     process_is_gone, AttemptEntry, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue,
-    EnqueuedBy, History, Lease, LedgerEntry, QueueKey, QueuePipeline, QueuedRun, RejectEntry,
-    RunStatus, StartRange, StoredClass, UnknownClass, UnknownState, WorkerId, FIRST_REJECTS,
+    EnqueuedBy, HeldKey, History, Lease, LedgerEntry, Mark, MarkAs, Marked, QueueKey,
+    QueuePipeline, QueuedRun, RejectEntry, RunStatus, StartRange, StoredClass, UnknownClass,
+    UnknownState, WorkerId, FIRST_REJECTS,
 };
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter, WriterOptions};
@@ -261,6 +262,13 @@ impl Store {
                 Backend::Sqlite(_) => None,
             },
         })
+    }
+
+    /// Records keys `done` without running them (`tidemark mark`), in one
+    /// transaction: a page of at most [`ENQUEUE_CHUNK`] keys per call.
+    /// Running keys are left to their holder, done keys unless forced.
+    pub async fn mark(&self, mark: &Mark<'_>) -> Result<Marked, Error> {
+        dispatch!(self, s => ledger::mark::mark(s, mark).await)
     }
 
     /// Takes pending keys out of the queue; how many.

@@ -751,6 +751,8 @@ pub(super) fn entry_of(row: &Record) -> Result<LedgerEntry, Error> {
         not_before: row.opt_text("not_before")?,
         backing_off: row.int("backing_off")? != 0,
         enqueued_by: row.opt_text("enqueued_by")?,
+        marked: row.opt_text("marked")?,
+        mark_note: row.opt_text("mark_note")?,
     })
 }
 

@@ -49,6 +49,11 @@ pub struct AttemptEntry {
     pub started_at: String,
     /// When it ended.
     pub finished_at: Option<String>,
+    /// `done` or `skipped` when the attempt was a `tidemark mark`, not a
+    /// run (its worker is then `mark:user@host:pid`).
+    pub marked: Option<String>,
+    /// The operator's note of that mark.
+    pub mark_note: Option<String>,
 }
 
 impl AttemptEntry {
@@ -143,6 +148,8 @@ fn attempt_of(row: &Record) -> Result<AttemptEntry, Error> {
         error_message: row.opt_text("error_message")?,
         started_at: row.text("started_at")?,
         finished_at: row.opt_text("finished_at")?,
+        marked: row.opt_text("marked")?,
+        mark_note: row.opt_text("mark_note")?,
     })
 }
 
@@ -176,6 +183,8 @@ mod tests {
             error_message: None,
             started_at: String::new(),
             finished_at: None,
+            marked: None,
+            mark_note: None,
         }
     }
 

@@ -14,6 +14,7 @@ mod class;
 pub(crate) mod driver;
 pub(crate) mod flow;
 pub(crate) mod history;
+pub(crate) mod mark;
 pub(crate) mod params;
 pub(crate) mod preview;
 mod rules;
@@ -29,6 +30,7 @@ use tidemark_core::{Hash128, KeySet};
 
 pub use class::{StoredClass, UnknownClass};
 pub use history::{AttemptEntry, History, RejectEntry, FIRST_REJECTS};
+pub use mark::{HeldKey, Mark, MarkAs, Marked};
 pub use rules::process_is_gone;
 
 /// The state of a run key (`_tm_runs.status`).
@@ -472,6 +474,11 @@ pub struct LedgerEntry {
     pub backing_off: bool,
     /// Who queued the key last: schedule, backfill or operator.
     pub enqueued_by: Option<String>,
+    /// A `done` key recorded by `tidemark mark` rather than a run: `done`
+    /// (loaded by another tool) or `skipped` (deliberately empty).
+    pub marked: Option<String>,
+    /// The operator's note of that mark.
+    pub mark_note: Option<String>,
 }
 
 /// Decodes a `_tm_batches.key_hashes` blob.

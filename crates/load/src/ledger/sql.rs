@@ -269,6 +269,28 @@ ledger_params! {
 }
 
 ledger_params! {
+    /// The parameters of [`Statements::mark_run`].
+    MarkRun<'a> {
+        /// The mark's attempt number (the row's + 1).
+        attempt: i64,
+        /// A new run id (no row carries it: nothing was loaded).
+        run_id: &'a str,
+        /// The canonical result (its `finished_at` is set by the database).
+        result: &'a serde_json::Value,
+        /// The pipeline's handler version.
+        handler_version: &'a str,
+        /// The pipeline's `[fields]` fingerprint.
+        fingerprint: &'a str,
+        /// `done` or `skipped`.
+        marked: &'a str,
+        /// The operator's note.
+        note: &'a str,
+        /// The run row's id.
+        run_ref: i64,
+    }
+}
+
+ledger_params! {
     /// The parameters of [`Statements::insert_reject`].
     InsertReject<'a> {
         /// Pipeline of the run key.
@@ -344,7 +366,9 @@ pub(crate) struct Statements {
     /// `[source, period start]`: one indexed lookup per key.
     pub key_rows: String,
     /// The starts of a source's done rows, latest instant first (`sync`'s
-    /// lookback). `$1` pipeline, `$2` export type, `$3` source, `$4` limit,
+    /// lookback); marked rows (`tidemark mark`) are not among them: no
+    /// lookback re-reads a period an operator recorded as loaded elsewhere
+    /// or empty. `$1` pipeline, `$2` export type, `$3` source, `$4` limit,
     /// `$5` offset.
     pub done_starts: String,
     /// Reads the run key's row without locking it (who holds it, when
@@ -384,6 +408,13 @@ pub(crate) struct Statements {
     pub finish_run: String,
     /// `$1` run ref, `$2` run id, `$3` batch number, `$4` key hashes.
     pub insert_batch_keys: String,
+    /// Records a run key `done` without a run (`tidemark mark`): binds
+    /// [`MarkRun`]. Everything a finished run sets, with zero counts, and
+    /// no lease, checkpoint, error or back-off.
+    pub mark_run: String,
+    /// The attempt of a mark: `done` at once, zero counts. `$1` run ref,
+    /// `$2` attempt, `$3` run id, `$4` worker, `$5` marked, `$6` note.
+    pub insert_mark_attempt: String,
     /// Keeps a rejected record: binds [`InsertReject`].
     pub insert_reject: String,
     /// `$1` pipeline, `$2` period start or NULL.
@@ -442,6 +473,19 @@ impl Statements {
             .map(|c| format!("{c} = ${c}"))
             .collect::<Vec<_>>()
             .join(", ");
+        // Every count column at its value of no run: 0, `rows_expected` NULL.
+        let zero_values = Counts::default()
+            .values()
+            .iter()
+            .map(|v| v.map_or("NULL".to_string(), |n| n.to_string()))
+            .collect::<Vec<_>>();
+        let zero_counts = Counts::COLUMNS
+            .iter()
+            .zip(&zero_values)
+            .map(|(c, v)| format!("{c} = {v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let zero_values = zero_values.join(", ");
         let running = RunStatus::Running.as_str();
         let attempt_running = AttemptStatus::Running.as_str();
         let release =
@@ -465,6 +509,7 @@ impl Statements {
             done_starts: format!(
                 "SELECT period_start FROM _tm_runs
                  WHERE pipeline = $1 AND export_type = $2 AND source = $3 AND status = '{}'
+                   AND marked IS NULL
                  ORDER BY {} DESC, period_start DESC LIMIT $4 OFFSET $5",
                 RunStatus::Done.as_str(),
                 d.instant("period_start"),
@@ -489,7 +534,7 @@ impl Statements {
                             handler_version = $handler_version,
                             started_at = CASE WHEN $fresh THEN {now} ELSE started_at END,
                             finished_at = NULL, updated_at = {now}, provisional = $provisional,
-                            fields_fingerprint = $fingerprint
+                            fields_fingerprint = $fingerprint, marked = NULL, mark_note = NULL
                      WHERE id = $run_ref",
                     lease = d.now_plus("$lease"),
                 ),
@@ -575,6 +620,27 @@ impl Statements {
                 ),
                 &FinishRun::names(),
             ),
+            mark_run: number(
+                &format!(
+                    "UPDATE _tm_runs SET status = '{}', attempt = $attempt, run_id = $run_id, {release},
+                            checkpoint = NULL, batches = 0, {zero_counts},
+                            error_class = NULL, error_message = NULL, result = {},
+                            handler_version = $handler_version, fields_fingerprint = $fingerprint,
+                            provisional = FALSE, started_at = {now}, finished_at = {now}, updated_at = {now},
+                            failures = 0, not_before = NULL, marked = $marked, mark_note = $note
+                     WHERE id = $run_ref",
+                    RunStatus::Done.as_str(),
+                    d.with_finished_at("$result"),
+                ),
+                &MarkRun::names(),
+            ),
+            insert_mark_attempt: format!(
+                "INSERT INTO _tm_attempts (run_ref, attempt, run_id, worker, status, resumed, from_batch,
+                                           {counts}, started_at, finished_at, marked, mark_note)
+                 VALUES ($1, $2, $3, $4, '{}', FALSE, NULL, {zero_values}, {now}, {now}, $5, $6)",
+                AttemptStatus::Done.as_str(),
+                counts = Counts::COLUMNS.join(", "),
+            ),
             insert_batch_keys:
                 "INSERT INTO _tm_batches (run_ref, run_id, batch_no, key_hashes) VALUES ($1, $2, $3, $4)"
                     .to_string(),
@@ -603,7 +669,8 @@ impl Statements {
                 "SELECT a.attempt, a.run_id, a.worker, a.status,
                         CAST(CASE WHEN a.resumed THEN 1 ELSE 0 END AS BIGINT) AS resumed, a.from_batch,
                         a.rows_read, a.rows_inserted, a.rows_updated, a.rows_deleted, a.rows_rejected,
-                        a.error_class, a.error_message, a.started_at, a.finished_at
+                        a.error_class, a.error_message, a.started_at, a.finished_at,
+                        a.marked, a.mark_note
                  FROM _tm_attempts a JOIN _tm_runs r ON r.id = a.run_ref
                  WHERE r.{} ORDER BY a.attempt",
                 run_key.replace(" AND ", " AND r.")
@@ -752,7 +819,7 @@ impl Statements {
         let sql = format!(
             "UPDATE _tm_runs SET status = '{}', priority = $priority, enqueued_at = {now},
                     enqueued_by = $enqueued_by, queue_rank = {}, checkpoint = NULL, not_before = NULL,
-                    updated_at = {now}
+                    marked = NULL, mark_note = NULL, updated_at = {now}
              WHERE _tm_runs.id IN (SELECT r.id FROM {})
                AND _tm_runs.status IN ({})
                AND (NOT $respect_backoff OR _tm_runs.not_before IS NULL
@@ -825,6 +892,8 @@ mod tests {
                 &s.end_attempt,
                 &s.save_progress,
                 &s.finish_run,
+                &s.mark_run,
+                &s.insert_mark_attempt,
                 &s.heartbeat,
                 &s.insert_reject,
                 &s.fail_run,
@@ -864,6 +933,7 @@ mod tests {
                 (&s.end_attempt, EndAttempt::names().len()),
                 (&s.save_progress, SaveProgress::names().len()),
                 (&s.finish_run, FinishRun::names().len()),
+                (&s.mark_run, MarkRun::names().len()),
                 (&s.insert_reject, InsertReject::names().len()),
                 (&s.enqueue_new(), EnqueueNew::names().len()),
                 (&s.requeue(&[RunStatus::Failed]), Requeue::names().len()),

@@ -67,6 +67,8 @@ mod tests {
             not_before: None,
             backing_off: false,
             enqueued_by: None,
+            marked: None,
+            mark_note: None,
         }
     }
 
