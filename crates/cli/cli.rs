@@ -337,6 +337,12 @@ pub struct ServeArgs {
     /// key also wakes idle workers at once (LISTEN/NOTIFY).
     #[arg(long, default_value = "1s", value_parser = parse_poll_interval)]
     pub poll_interval: std::time::Duration,
+
+    /// Serve /metrics (Prometheus), /healthz, /readyz and the pages for
+    /// people (/: a grid of periods; /periods/...: one period's story) on
+    /// this address, e.g. 127.0.0.1:9464. Off by default. Read-only.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]

@@ -34,17 +34,51 @@ pub async fn serve(setup: &Setup<'_>, args: ServeArgs) -> Result<Exit, Error> {
             return Err(crate::exit::flag(e, "pipelines folder", "--pipelines"));
         }
     };
+    let web = match listen(&service, args.listen).await {
+        Ok(web) => web,
+        Err(e) => {
+            engine.close().await;
+            return Err(e);
+        }
+    };
     // Listening before anything is logged, so a SIGHUP sent once `serving`
     // shows is never missed (nor takes the default action: exit).
     let hangups = tokio::spawn(reload_on_sighup(service.reloader(), hangups()));
     let end = service.run().await;
     hangups.abort();
+    if let Some(web) = web {
+        // The service has stopped: so does the server (after the requests
+        // in flight).
+        engine.shutdown().request();
+        let _ = web.await;
+    }
     engine.close().await;
     Ok(if end.lease_lost {
         Exit::Held
     } else {
         Exit::Success
     })
+}
+
+/// Binds `--listen` (a refused address is a configuration error, before
+/// any work) and serves the endpoints on it until the service stops.
+async fn listen(
+    service: &Service,
+    addr: Option<std::net::SocketAddr>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, Error> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::config(addr.to_string(), "--listen", format!("cannot listen: {e}")))?;
+    tracing::info!(listen = %addr, "serving /metrics, /healthz, /readyz and the pages");
+    let view = service.view();
+    Ok(Some(tokio::spawn(async move {
+        if let Err(e) = tidemark_engine::web::serve(listener, view).await {
+            tracing::error!(error = %e, "the HTTP server stopped");
+        }
+    })))
 }
 
 /// The stream of SIGHUPs, registered now.

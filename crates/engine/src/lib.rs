@@ -52,6 +52,7 @@ mod run;
 mod service;
 mod shutdown;
 pub mod status;
+pub mod web;
 
 pub use catalog::{source_ids, Catalog};
 pub use clock::{Clock, ManualClock, ShiftedClock, SystemClock};
@@ -59,7 +60,9 @@ pub use dry_run::{dry_run, DryLine, Target, ACTIONS};
 pub use engine::{Engine, EngineBuilder, KeyOutcome, RunEvent, RunMany, DEFAULT_LEASE_TTL};
 pub use prepare::ABSENT_NOTE;
 pub use run::{Backoff, Outcome, RunFlags};
-pub use service::{Reloader, Service, ServiceConfig, ServiceEnd, Worked, SCHEDULE_PRIORITY};
+pub use service::{
+    Reloader, Service, ServiceConfig, ServiceEnd, ServiceView, Worked, SCHEDULE_PRIORITY,
+};
 pub use shutdown::Shutdown;
 
 pub use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};

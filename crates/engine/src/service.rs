@@ -146,6 +146,14 @@ impl Service {
         }
     }
 
+    /// A read-only view of this service for the HTTP endpoints
+    /// ([`crate::web`]): its engine and the pipelines it serves now.
+    pub fn view(&self) -> ServiceView {
+        ServiceView {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
     /// The names of the pipelines served now.
     pub fn pipeline_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.shared.pipelines().by_name.keys().cloned().collect();
@@ -209,6 +217,33 @@ impl Service {
             return Ok(None);
         };
         Ok(Some(run_queued(shared, &pipelines, queued).await))
+    }
+}
+
+/// What the HTTP endpoints may see of a running [`Service`]: they read,
+/// never steer.
+#[derive(Clone)]
+pub struct ServiceView {
+    shared: Arc<Shared>,
+}
+
+impl ServiceView {
+    /// The service's engine (store, clock, worker identity).
+    pub fn engine(&self) -> &Engine {
+        &self.shared.engine
+    }
+
+    /// The pipelines served now (after the latest reload), by name.
+    pub fn pipelines(&self) -> Vec<Arc<Pipeline>> {
+        let pipelines = self.shared.pipelines();
+        let mut all: Vec<Arc<Pipeline>> = pipelines.by_name.values().cloned().collect();
+        all.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
+        all
+    }
+
+    /// The service's configuration.
+    pub fn config(&self) -> &ServiceConfig {
+        &self.shared.config
     }
 }
 

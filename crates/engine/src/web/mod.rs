@@ -1,0 +1,45 @@
+//! `serve --listen ADDR`: what a running service shows, read-only, over
+//! HTTP (axum). Everything comes from the ledger or the service's own
+//! loops; no handler steers the service.
+//!
+//! - `GET /metrics`: Prometheus text exposition ([`metrics`]).
+//! - `GET /healthz`, `GET /readyz`: liveness and readiness ([`health`]).
+//! - `GET /` and `GET /periods/…`: pages for people ([`page`]).
+//!
+//! The server stops with the engine's [`crate::Shutdown`], after the
+//! requests in flight.
+
+mod health;
+mod metrics;
+mod page;
+
+use axum::routing::get;
+use axum::Router;
+use tokio::net::TcpListener;
+
+use crate::service::ServiceView;
+
+/// What every handler sees.
+#[derive(Clone)]
+pub(crate) struct WebState {
+    pub(crate) view: ServiceView,
+}
+
+/// Every route, over `view`.
+pub fn router(view: ServiceView) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics::metrics))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .merge(page::routes())
+        .with_state(WebState { view })
+}
+
+/// Serves [`router`] on `listener` until the service's engine is asked to
+/// stop.
+pub async fn serve(listener: TcpListener, view: ServiceView) -> std::io::Result<()> {
+    let shutdown = view.engine().shutdown().clone();
+    axum::serve(listener, router(view))
+        .with_graceful_shutdown(async move { shutdown.wait().await })
+        .await
+}
