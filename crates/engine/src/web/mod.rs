@@ -12,6 +12,7 @@
 mod health;
 mod metrics;
 mod page;
+mod workers;
 
 use axum::routing::get;
 use axum::Router;

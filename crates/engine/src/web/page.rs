@@ -21,6 +21,7 @@ async fn index(State(state): State<WebState>) -> Markup {
         html { head { title { "tidemark" } } body {
             h1 { "tidemark" }
             ul { @for p in &pipelines { li { (p.spec.name) } } }
+            (super::workers::panel(&state).await)
         } }
     }
 }
