@@ -2,9 +2,9 @@
 //! HTTP (axum). Everything comes from the ledger or the service's own
 //! loops; no handler steers the service.
 //!
-//! - `GET /metrics`: Prometheus text exposition ([`metrics`]).
-//! - `GET /healthz`, `GET /readyz`: liveness and readiness ([`health`]).
-//! - `GET /` and `GET /periods/…`: pages for people ([`page`]).
+//! - `GET /metrics`: Prometheus text exposition (`metrics.rs`).
+//! - `GET /healthz`, `GET /readyz`: liveness and readiness (`health.rs`).
+//! - `GET /` and `GET /periods/…`: pages for people (`page.rs`).
 //!
 //! The server stops with the engine's [`crate::Shutdown`], after the
 //! requests in flight.
