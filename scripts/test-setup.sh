@@ -5,7 +5,12 @@
 #   - PostgreSQL on 127.0.0.1:5432, trust auth for user postgres
 #     (scripts/start-postgres.sh);
 #   - faketime, which runs a worker with a clock two hours behind the
-#     database's (tests/hardening_queue.rs).
+#     database's (tests/hardening_queue.rs);
+#   - promtool, from Debian's `prometheus` package, which checks and
+#     unit-tests the shipped alert rules deploy/alerts.yml (tests/tools.rs);
+#   - chromium and chromedriver (Debian's `chromium`, `chromium-driver`),
+#     which drive the status page in a real headless browser.
+# Nothing here starts Prometheus: only its promtool is used.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -14,10 +19,18 @@ cd "$(dirname "$0")"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
+# command -> the Debian package that provides it.
 missing=()
-command -v faketime >/dev/null 2>&1 || missing+=(faketime)
+need() { command -v "$1" >/dev/null 2>&1 || missing+=("$2"); }
+need faketime faketime
+need promtool prometheus
+need chromium chromium
+need chromedriver chromium-driver
+
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "installing ${missing[*]}..." >&2
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  # No recommends: the prometheus package would bring node-exporter.
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
 fi

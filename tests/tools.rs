@@ -1,5 +1,6 @@
 //! `tidemark completions` and `tidemark schema` (issue 21, the toolbox),
-//! run as the built binary. No database: each test runs in seconds.
+//! run as the built binary, and the shipped alert rules `deploy/alerts.yml`
+//! under `promtool`. No database: each test runs in seconds.
 //!
 //! The schema tests hold it to two promises: it accepts every pipeline the
 //! project ships (and every file whose only fault is one the schema cannot
@@ -626,6 +627,111 @@ fn valid_variants_pass_the_schema_and_validate() {
             out.status.success(),
             "validate: {}\n{text}",
             String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// alert rules
+// ---------------------------------------------------------------------------
+
+const ALERTS: &str = "deploy/alerts.yml";
+const ALERT_TESTS: &str = "deploy/alerts.test.yml";
+
+/// `promtool ARGS` run in the repository root. promtool comes with Debian's
+/// `prometheus` package, which scripts/test-setup.sh installs; without it
+/// the test fails (a skip would let CI pass with the rules unchecked).
+fn promtool(args: &[&str]) -> Output {
+    match Command::new("promtool")
+        .args(args)
+        .current_dir(ROOT)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+            "promtool is not installed: run scripts/test-setup.sh \
+             (it installs Debian's `prometheus` package, which ships promtool)"
+        ),
+        Err(e) => panic!("run promtool: {e}"),
+    }
+}
+
+/// promtool's output on both streams (it prints failures on stdout).
+#[track_caller]
+fn expect_promtool_success(args: &[&str]) -> String {
+    let out = promtool(args);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "promtool {}: exit {:?}\n{text}",
+        args.join(" "),
+        out.status.code()
+    );
+    text
+}
+
+/// The values of `KEY: VALUE` lines of a YAML file, in order (the rule and
+/// test files keep alert names on lines of their own).
+fn yaml_values(path: &str, key: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(ROOT).join(path))
+        .unwrap_or_else(|e| panic!("read {path}: {e}"));
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim_start().trim_start_matches("- ");
+            line.strip_prefix(key)?.strip_prefix(':')
+        })
+        .map(|value| value.trim().to_string())
+        .collect()
+}
+
+/// The issue's four alerts, each on the metric family it watches.
+#[test]
+fn the_shipped_alert_rules_pass_promtool_check() {
+    let text = expect_promtool_success(&["check", "rules", ALERTS]);
+    let alerts = yaml_values(ALERTS, "alert");
+    assert!(
+        text.contains(&format!("SUCCESS: {} rules found", alerts.len())),
+        "promtool reads every alert of {ALERTS} ({alerts:?}):\n{text}"
+    );
+    let rules = std::fs::read_to_string(Path::new(ROOT).join(ALERTS)).expect("read rules");
+    for (alert, family) in [
+        (
+            "TidemarkPeriodFailed",
+            "tidemark_periods{status=\"failed\"}",
+        ),
+        ("TidemarkFreshnessLagging", "tidemark_freshness_seconds"),
+        ("TidemarkFreshnessLagging", "tidemark_period_length_seconds"),
+        (
+            "TidemarkQueueWaitHigh",
+            "tidemark_queue_oldest_pending_seconds",
+        ),
+        (
+            "TidemarkQueueWaitSlow",
+            "tidemark_queue_wait_seconds_bucket",
+        ),
+        ("TidemarkNoLiveWorker", "tidemark_workers{state=\"live\"}"),
+    ] {
+        assert!(alerts.iter().any(|a| a == alert), "{ALERTS} has {alert}");
+        assert!(rules.contains(family), "{ALERTS} watches {family}");
+    }
+}
+
+/// `promtool test rules`: every alert fires on the synthetic series where
+/// it should and stays quiet where it should not, and no alert of the rule
+/// file goes untested.
+#[test]
+fn the_alert_rules_pass_their_promtool_unit_tests() {
+    let text = expect_promtool_success(&["test", "rules", ALERT_TESTS]);
+    assert!(text.contains("SUCCESS"), "{text}");
+    let tested = yaml_values(ALERT_TESTS, "alertname");
+    for alert in yaml_values(ALERTS, "alert") {
+        assert!(
+            tested.contains(&alert),
+            "{ALERT_TESTS} has no test of {alert} (tested: {tested:?})"
         );
     }
 }
