@@ -430,9 +430,34 @@ pub struct StatusArgs {
     #[arg(long, value_enum)]
     pub only: Option<StatusOnly>,
 
-    /// One JSON object per run key instead of a table.
+    /// One JSON object per run key instead of a table (and no calendar
+    /// or summary line: every line is a run key, as documented).
     #[arg(long)]
     pub json: bool,
+
+    /// A calendar of the range above the table (one cell per period and
+    /// source, a row per week of days, per day of hours, per month of
+    /// weeks, per year of months) with a legend. `auto`: when stdout is a
+    /// terminal and --from/--to is given.
+    #[arg(long, value_enum, default_value_t = When::Auto, value_name = "WHEN")]
+    pub calendar: When,
+
+    /// Colours in the calendar. `auto`: when stdout is a terminal and
+    /// NO_COLOR is not set; otherwise each cell is a letter or symbol
+    /// (the legend says which).
+    #[arg(long, value_enum, default_value_t = When::Auto, value_name = "WHEN")]
+    pub color: When,
+}
+
+/// `--calendar`, `--color`: on, off, or decided by where stdout goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum When {
+    /// When stdout is a terminal (colours: and NO_COLOR is not set).
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
 }
 
 /// `status --only`: the ledger's states (docs/ledger.md), plus `missing`
