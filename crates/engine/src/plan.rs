@@ -545,8 +545,15 @@ fn select(only: Option<Only>, force: bool, entry: Option<&LedgerEntry>) -> Inten
     ))
 }
 
-/// A ledger row's state in a few words.
-fn describe(entry: &LedgerEntry) -> String {
+/// A ledger row's state in a few words; a marked period says so (`marked
+/// skipped: NOTE`): it was never loaded by tidemark, and `sync` leaves it.
+pub(crate) fn describe(entry: &LedgerEntry) -> String {
+    if let (RunStatus::Done, Some(marked)) = (entry.status, &entry.marked) {
+        return format!(
+            "marked {marked}: {}",
+            entry.mark_note.as_deref().unwrap_or("")
+        );
+    }
     match (entry.status, &entry.error_class, &entry.finished_at) {
         (RunStatus::Done, _, Some(at)) => format!("done at {at}"),
         (RunStatus::Failed, Some(class), _) => format!("failed: {class}"),
