@@ -185,6 +185,14 @@ pub struct RunArgs {
     #[arg(long)]
     pub wait: bool,
 
+    /// Run a failed period now, whatever its failure back-off
+    /// (`not_before`). `run` never waits for a back-off, so this is what it
+    /// does anyway: the flag says it outright (and matches `sync --now`).
+    /// The back-off holds `sync` and `serve`'s schedule only; a run that
+    /// succeeds clears it, one that fails again doubles it.
+    #[arg(long)]
+    pub now: bool,
+
     /// Run the period although it is still open (its end plus period.lag
     /// has not passed); it is recorded as provisional and `sync` re-runs it
     /// once it is due.
@@ -302,6 +310,12 @@ pub struct SyncArgs {
     /// Periods to run at once [default: as for backfill].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: Option<u16>,
+
+    /// Lift the failure back-off: run failed periods now, also those whose
+    /// `not_before` (1 min after the first failure, doubling, at most 24 h)
+    /// has not passed, which sync otherwise leaves alone.
+    #[arg(long)]
+    pub now: bool,
 
     /// Print what would be done for each run key, and why, without reading
     /// any source or writing anything.
