@@ -679,15 +679,15 @@ async fn status_calendar_has_one_cell_per_period(backend: Backend) {
     }
     let failed_cells = cells.iter().filter(|c| matches!(c, 'F' | 'f')).count();
     assert_eq!(failed_cells, 2, "exactly the failed days\n{out}");
-    let legend = out
+    let legend: String = out
         .stdout
         .lines()
-        .find(|l| l.trim_start().starts_with("legend:"))
-        .unwrap_or_default();
-    assert!(
-        legend.contains("# done") && legend.contains("F failed") && legend.contains("? missing"),
-        "{legend}"
-    );
+        .skip_while(|l| !l.trim_start().starts_with("legend:"))
+        .take(2)
+        .collect();
+    for entry in ["# done", "M marked", "F failed", "f failed, backing off", "? missing", ". not due"] {
+        assert!(legend.contains(entry), "{entry:?} in {legend}");
+    }
     // The table and its summary follow the calendar.
     assert_eq!(table_states(&out.stdout).len(), 14, "{out}");
     summary_line(&out.stdout);

@@ -89,7 +89,10 @@ pub fn print(pipeline: &str, calendars: &[Calendar], colour_on: bool) {
         .iter()
         .map(|s| format!("{} {}", cell(Some(*s), colour_on).trim_start(), meaning(*s)))
         .collect();
-    say!("  legend: {}", legend.join("  "));
+    // Two lines, each within 80 columns.
+    let (first, rest) = legend.split_at(LineState::ALL.len() / 2);
+    say!("  legend: {}", first.join("  "));
+    say!("          {}", rest.join("  "));
     say!("");
 }
 
