@@ -577,7 +577,7 @@ async fn status_summary_counts_the_table_and_tells_freshness(backend: Backend) {
     // Done without a gap through 02 (03 failed): now (12T12:00) minus the
     // end of 02 (03T00:00).
     assert!(
-        summary.ends_with("freshness 9days 12h (every period done through 2024-01-03T00:00:00Z)"),
+        summary.ends_with("freshness 9d 12h (every period done through 2024-01-03T00:00:00Z)"),
         "{summary}"
     );
 

@@ -408,14 +408,11 @@ fn status_row(
 pub fn print_status_summary(summary: &StatusSummary, now: DateTime<Utc>) {
     let n = |state| summary.count(state);
     let freshness = match (summary.freshness(now), summary.complete_through()) {
-        (Some(age), Some(through)) => {
-            let minutes = u64::try_from(age.num_minutes()).unwrap_or(0);
-            format!(
-                "freshness {} (every period done through {})",
-                humantime::format_duration(std::time::Duration::from_secs(minutes * 60)),
-                rfc3339(through)
-            )
-        }
+        (Some(age), Some(through)) => format!(
+            "freshness {} (every period done through {})",
+            age_text(age),
+            rfc3339(through)
+        ),
         _ => "freshness - (the first period read is not done)".to_string(),
     };
     say!(
@@ -433,6 +430,17 @@ pub fn print_status_summary(summary: &StatusSummary, now: DateTime<Utc>) {
         n(LineState::Missing),
         n(LineState::NotDue),
     );
+}
+
+/// An age in its two largest units: `9d 12h`, `3h 5m`, `42m`.
+fn age_text(age: chrono::Duration) -> String {
+    let minutes = age.num_minutes().max(0);
+    let (days, hours, minutes) = (minutes / 1440, minutes / 60 % 24, minutes % 60);
+    match (days, hours) {
+        (0, 0) => format!("{minutes}m"),
+        (0, _) => format!("{hours}h {minutes}m"),
+        _ => format!("{days}d {hours}h"),
+    }
 }
 
 /// What `status` says when no line matched.
