@@ -547,7 +547,11 @@ async fn status_summary_counts_the_table_and_tells_freshness(backend: Backend) {
     // The summary's counts are the table's.
     let summary = summary_line(&out.stdout);
     let count = |state: &str| states.iter().filter(|(_, s)| s == state).count();
-    assert_eq!(summary_count(&summary, "run key(s)"), states.len(), "{summary}");
+    assert_eq!(
+        summary_count(&summary, "run key(s)"),
+        states.len(),
+        "{summary}"
+    );
     for (table, said) in [
         ("done", "done ("),
         ("failed", "failed ("),
@@ -564,7 +568,12 @@ async fn status_summary_counts_the_table_and_tells_freshness(backend: Backend) {
         );
     }
     assert_eq!(
-        (count("done"), count("failed"), count("missing"), count("not_due")),
+        (
+            count("done"),
+            count("failed"),
+            count("missing"),
+            count("not_due")
+        ),
         (6, 2, 3, 3),
         "{out}"
     );
@@ -600,7 +609,10 @@ async fn status_summary_counts_the_table_and_tells_freshness(backend: Backend) {
     assert_eq!(summary_count(&summary, "run key(s)"), 2, "{summary}");
     assert_eq!(summary_count(&summary, "failed ("), 2, "{summary}");
     assert_eq!(summary_count(&summary, "done ("), 0, "{summary}");
-    assert!(summary.contains("done through 2024-01-03T00:00:00Z"), "{summary}");
+    assert!(
+        summary.contains("done through 2024-01-03T00:00:00Z"),
+        "{summary}"
+    );
     only.push("--json");
     let out = env.tidemark(&only);
     out.expect_code(0, "status --only failed --json");
@@ -626,7 +638,9 @@ async fn status_summary_counts_the_table_and_tells_freshness(backend: Backend) {
 /// The calendar's rows: `(label, cells)` between its column header and
 /// its legend, each cell the glyph in its two columns (`' '` for none).
 fn calendar_rows(stdout: &str) -> Vec<(String, Vec<char>)> {
-    let mut lines = stdout.lines().skip_while(|l| !l.starts_with("calendar of d"));
+    let mut lines = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("calendar of d"));
     assert!(lines.next().is_some(), "a calendar\n{stdout}");
     let header = lines.next().unwrap_or_default();
     assert!(header.trim_start().starts_with("Mo Tu We"), "{stdout}");
@@ -634,8 +648,7 @@ fn calendar_rows(stdout: &str) -> Vec<(String, Vec<char>)> {
         .take_while(|l| !l.trim_start().starts_with("legend:"))
         .map(|l| {
             let label = l[2..12].to_string();
-            let cells = l[14..]
-                .as_bytes()
+            let cells = l.as_bytes()[14..]
                 .chunks(3)
                 .map(|cell| char::from(cell[1]))
                 .collect();
@@ -685,7 +698,14 @@ async fn status_calendar_has_one_cell_per_period(backend: Backend) {
         .skip_while(|l| !l.trim_start().starts_with("legend:"))
         .take(2)
         .collect();
-    for entry in ["# done", "M marked", "F failed", "f failed, backing off", "? missing", ". not due"] {
+    for entry in [
+        "# done",
+        "M marked",
+        "F failed",
+        "f failed, backing off",
+        "? missing",
+        ". not due",
+    ] {
         assert!(legend.contains(entry), "{entry:?} in {legend}");
     }
     // The table and its summary follow the calendar.
@@ -697,7 +717,10 @@ async fn status_calendar_has_one_cell_per_period(backend: Backend) {
     coloured.extend(["--calendar", "always", "--color", "always"]);
     let out = env.tidemark(&coloured);
     out.expect_code(0, "status --color always");
-    assert!(out.stdout.contains("\x1b[30;42m #\x1b[0m"), "a done chip\n{out}");
+    assert!(
+        out.stdout.contains("\x1b[30;42m #\x1b[0m"),
+        "a done chip\n{out}"
+    );
     assert!(
         out.stdout.contains("\x1b[30;101m f\x1b[0m") || out.stdout.contains("\x1b[97;41m F\x1b[0m"),
         "a failed chip\n{out}"

@@ -54,14 +54,21 @@ pub async fn status(setup: &Setup<'_>, args: StatusArgs) -> Result<Exit, Error> 
         with_calendar(store.as_ref(), &pipeline, query, now, colour).await
     } else {
         let mut table = output::StatusTable::default();
-        tidemark_engine::status::status_report(store.as_ref(), &pipeline, query, now, false, |item| {
-            let line = line_of(&item);
-            if json {
-                output::print_status_json(&line, None);
-            } else {
-                table.add(&line);
-            }
-        })
+        tidemark_engine::status::status_report(
+            store.as_ref(),
+            &pipeline,
+            query,
+            now,
+            false,
+            |item| {
+                let line = line_of(&item);
+                if json {
+                    output::print_status_json(&line, None);
+                } else {
+                    table.add(&line);
+                }
+            },
+        )
         .await
     };
     if let Some(store) = &store {
@@ -123,10 +130,11 @@ async fn with_calendar(
     colour: bool,
 ) -> Result<StatusReport, Error> {
     let mut items = Vec::new();
-    let report = tidemark_engine::status::status_report(store, pipeline, query, now, true, |item| {
-        items.push(item)
-    })
-    .await?;
+    let report =
+        tidemark_engine::status::status_report(store, pipeline, query, now, true, |item| {
+            items.push(item)
+        })
+        .await?;
     if let Some(calendars) = &report.calendars {
         crate::calendar::print(&pipeline.spec.name, calendars, colour);
     }
@@ -148,10 +156,11 @@ async fn period_story(
     json: bool,
 ) -> Result<StatusReport, Error> {
     let mut items = Vec::new();
-    let report = tidemark_engine::status::status_report(store, pipeline, query, now, false, |item| {
-        items.push(item)
-    })
-    .await?;
+    let report =
+        tidemark_engine::status::status_report(store, pipeline, query, now, false, |item| {
+            items.push(item)
+        })
+        .await?;
     let mut stories = Vec::new();
     for item in &items {
         let history = match (item, store) {

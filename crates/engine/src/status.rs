@@ -334,8 +334,7 @@ impl<'a, F: FnMut(StatusItem) + Send> View<'a, F> {
     fn print_missing(&mut self, period: &Period, sources: &[String]) {
         let due_at = self.pipeline.due_at(period);
         let not_due = !due_at.is_some_and(|at| at <= self.now);
-        let given =
-            self.only.is_none() || (!not_due && self.only == Some(StatusFilter::Missing));
+        let given = self.only.is_none() || (!not_due && self.only == Some(StatusFilter::Missing));
         let sources = if sources.is_empty() {
             self.sources.clone()
         } else {
