@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value as Json;
 
-use crate::support::{backend_tests, Backend, Env, FifoWriter};
+use crate::support::{backend_tests, Backend, Env, FifoWriter, BIN};
 
 backend_tests! {
     status_over_a_range_shows_missing_periods_in_time_order: status_over_a_range_shows_missing_periods_in_time_order_sqlite, status_over_a_range_shows_missing_periods_in_time_order_postgres;
@@ -15,6 +15,11 @@ backend_tests! {
     status_period_tells_a_lost_attempt_and_its_resumption: status_period_tells_a_lost_attempt_and_its_resumption_sqlite, status_period_tells_a_lost_attempt_and_its_resumption_postgres;
     status_summary_counts_the_table_and_tells_freshness: status_summary_counts_the_table_and_tells_freshness_sqlite, status_summary_counts_the_table_and_tells_freshness_postgres;
     status_calendar_has_one_cell_per_period: status_calendar_has_one_cell_per_period_sqlite, status_calendar_has_one_cell_per_period_postgres;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_on_a_terminal_draws_the_calendar_in_colour_unless_no_color() {
+    status_on_a_terminal_draws_the_calendar_in_colour_unless_no_color_run().await;
 }
 
 /// Hourly periods in Berlin from two NDJSON sources: `a` needs a file per
@@ -725,4 +730,70 @@ async fn status_calendar_has_one_cell_per_period(backend: Backend) {
         out.stdout.contains("\x1b[30;101m f\x1b[0m") || out.stdout.contains("\x1b[97;41m F\x1b[0m"),
         "a failed chip\n{out}"
     );
+}
+
+/// Runs `status d ARGS` with stdout on a terminal (a pty of `script`),
+/// with `NO_COLOR` set when `no_color`; what the terminal showed.
+fn on_terminal(env: &Env, no_color: bool, args: &[&str]) -> String {
+    let command = format!(
+        "{BIN} --database-url '{}' status d {}",
+        env.db.url(),
+        args.join(" ")
+    );
+    let mut script = std::process::Command::new("script");
+    script
+        .args(["-qec", &command, "/dev/null"])
+        .current_dir(env.path(""))
+        .env("TIDEMARK_NOW", DAILY_NOW)
+        .env_remove("TIDEMARK_DATABASE_URL")
+        .env_remove("NO_COLOR")
+        .stdin(std::process::Stdio::null());
+    if no_color {
+        script.env("NO_COLOR", "1");
+    }
+    let out = script.output().expect("script (util-linux) runs");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n")
+}
+
+/// On a terminal, a range gets its calendar without being asked, in
+/// colour; `NO_COLOR` keeps the calendar and drops the colours; a single
+/// period gets none.
+async fn status_on_a_terminal_draws_the_calendar_in_colour_unless_no_color_run() {
+    let env = daily_ledger(Backend::Sqlite).await;
+    let range = ["--from", "2024-01-01", "--to", "2024-01-14"];
+    let shown = on_terminal(&env, false, &range);
+    assert!(shown.contains("calendar of d, source s:"), "{shown}");
+    assert!(
+        shown.contains("\x1b[30;42m #\x1b[0m"),
+        "a done chip\n{shown}"
+    );
+    assert_eq!(calendar_rows(&strip_colours(&shown)).len(), 2, "{shown}");
+
+    let plain = on_terminal(&env, true, &range);
+    assert!(plain.contains("calendar of d, source s:"), "{plain}");
+    assert!(!plain.contains('\x1b'), "NO_COLOR: letters only\n{plain}");
+    let cells: usize = calendar_rows(&plain)
+        .iter()
+        .map(|(_, c)| c.iter().filter(|c| **c != ' ').count())
+        .sum();
+    assert_eq!(cells, 14, "{plain}");
+
+    let one = on_terminal(&env, false, &["--period", "2024-01-03"]);
+    assert!(!one.contains("calendar of"), "{one}");
+    assert!(one.contains("summary: 1 run key(s)"), "{one}");
+}
+
+/// `text` without its ANSI SGR sequences (`ESC [ ... m`).
+fn strip_colours(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
 }

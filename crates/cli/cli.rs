@@ -466,7 +466,7 @@ pub struct StatusArgs {
 /// `--calendar`, `--color`: on, off, or decided by where stdout goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum When {
-    /// When stdout is a terminal (colours: and NO_COLOR is not set).
+    /// Decided by where stdout goes (see the option).
     Auto,
     /// Always.
     Always,
