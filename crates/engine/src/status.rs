@@ -190,6 +190,13 @@ struct Watch {
 }
 
 impl Watch {
+    /// Whether a line of `source` that is not given still matters: to the
+    /// calendar, or to a freshness still being followed (a million
+    /// periods `--only failed` leaves out are not each made into a line).
+    fn needs(&self, source: &str) -> bool {
+        self.calendar.is_some() || self.summary.follows(source)
+    }
+
     /// A line read, before `--only` decides whether it is given.
     fn read(&mut self, item: &StatusItem) {
         self.summary.read(item);
@@ -341,6 +348,9 @@ impl<'a, F: FnMut(StatusItem) + Send> View<'a, F> {
             sources.to_vec()
         };
         for source in &sources {
+            if !given && !self.watch.needs(source) {
+                continue;
+            }
             let item = StatusItem::Missing {
                 pipeline: self.pipeline.spec.name.clone(),
                 source: source.clone(),

@@ -203,6 +203,11 @@ impl StatusSummary {
         }
     }
 
+    /// Whether `source`'s run of done periods is still being followed.
+    pub(super) fn follows(&self, source: &str) -> bool {
+        self.chains.get(source).is_some_and(|chain| !chain.broken)
+    }
+
     /// Follows a line read (given or not) in its source's run of done
     /// periods. Lines come in period order.
     pub(super) fn read(&mut self, item: &StatusItem) {
