@@ -249,3 +249,91 @@ impl StatusSummary {
             .map(|through| (now - through).max(chrono::Duration::zero()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidemark_load::{Counts, LedgerEntry};
+
+    fn day(d: u32, status: RunStatus) -> StatusItem {
+        StatusItem::Recorded {
+            entry: Box::new(LedgerEntry {
+                pipeline: "p".into(),
+                source: "s".into(),
+                export_type: "e".into(),
+                period_start: format!("2024-01-{d:02}T00:00:00Z"),
+                period_end: format!("2024-01-{:02}T00:00:00Z", d + 1),
+                status,
+                attempts: 1,
+                run_id: None,
+                counts: Counts::default(),
+                error_class: None,
+                error_message: None,
+                started_at: None,
+                finished_at: None,
+                handler_version: None,
+                provisional: false,
+                stale: false,
+                stale_reason: None,
+                fields_fingerprint: None,
+                lease_owner: None,
+                lease_expires_at: None,
+                priority: 0,
+                not_before: None,
+                backing_off: false,
+                enqueued_by: None,
+                marked: None,
+                mark_note: None,
+            }),
+            due_at: None,
+        }
+    }
+
+    fn through(items: &[StatusItem]) -> Option<String> {
+        let mut summary = StatusSummary::new(&["s".to_string()]);
+        for item in items {
+            summary.read(item);
+            summary.given(item);
+        }
+        summary
+            .complete_through()
+            .map(|t| t.format("%Y-%m-%d").to_string())
+    }
+
+    #[test]
+    fn freshness_stops_at_the_first_period_not_done_or_absent() {
+        let done = RunStatus::Done;
+        assert_eq!(
+            through(&[day(1, done), day(2, done), day(4, done)]),
+            Some("2024-01-03".into()),
+            "a gap in the ledger's rows stops it"
+        );
+        assert_eq!(
+            through(&[day(1, done), day(2, RunStatus::Failed), day(3, done)]),
+            Some("2024-01-02".into())
+        );
+        assert_eq!(through(&[day(1, RunStatus::Pending), day(2, done)]), None);
+        assert_eq!(through(&[]), None, "a source with no line");
+    }
+
+    #[test]
+    fn the_counts_add_up_to_the_lines() {
+        let mut summary = StatusSummary::new(&["s".to_string()]);
+        for item in [
+            day(1, RunStatus::Done),
+            day(2, RunStatus::Failed),
+            day(3, RunStatus::Running),
+        ] {
+            summary.given(&item);
+        }
+        assert_eq!(summary.lines, 3);
+        assert_eq!(
+            (
+                summary.done(),
+                summary.failed(),
+                summary.count(LineState::Running)
+            ),
+            (1, 1, 1)
+        );
+    }
+}
