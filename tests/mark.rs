@@ -15,6 +15,7 @@ backend_tests! {
     mark_makes_sync_skip_the_marked_range: mark_makes_sync_skip_the_marked_range_sqlite, mark_makes_sync_skip_the_marked_range_postgres;
     mark_leaves_done_and_running_keys_alone: mark_leaves_done_and_running_keys_alone_sqlite, mark_leaves_done_and_running_keys_alone_postgres;
     forced_run_of_a_marked_period_loads_it: forced_run_of_a_marked_period_loads_it_sqlite, forced_run_of_a_marked_period_loads_it_postgres;
+    now_lifts_the_back_off_of_a_failed_key: now_lifts_the_back_off_of_a_failed_key_sqlite, now_lifts_the_back_off_of_a_failed_key_postgres;
 }
 
 /// "Now" for every command of these tests: the days of 2024-01-01 through
@@ -154,6 +155,12 @@ async fn mark_makes_sync_skip_the_marked_range(backend: Backend) {
     };
     for day in ["2024-01-04", "2024-01-05"] {
         assert_eq!(action(day), "skip", "{day}\n{out}");
+        // It says why: the day is marked, not loaded.
+        let line = out.stdout.lines().find(|l| l.starts_with(day));
+        assert!(
+            line.is_some_and(|l| l.ends_with("skip: marked skipped: shop closed")),
+            "{day}\n{out}"
+        );
     }
     for day in ["2024-01-01", "2024-01-02", "2024-01-03"] {
         assert_eq!(action(day), "run", "{day}\n{out}");
@@ -392,4 +399,82 @@ async fn forced_run_of_a_marked_period_loads_it(backend: Backend) {
             vec![Some("2".to_string()), None],
         ]
     );
+}
+
+/// The `status --json` fields `(status, attempts)` of the key of `day`.
+fn state_of(env: &Env, day: &str) -> (String, i64) {
+    let line = status_of(env, day);
+    (
+        line["status"].as_str().unwrap_or_default().to_string(),
+        line["attempts"].as_i64().unwrap_or(-1),
+    )
+}
+
+/// A failed key backs off (`not_before`, by the database's clock): `sync`
+/// leaves it alone, `sync --now` and `run --now` run it at once. A plain
+/// `run` never waited for a back-off: it runs it too.
+async fn now_lifts_the_back_off_of_a_failed_key(backend: Backend) {
+    let env = daily(backend).await;
+    for day in ["2024-01-01", "2024-01-02", "2024-01-03"] {
+        day_file(&env, day);
+    }
+    // 04 and 05 have no file yet: they fail, and back off for a minute.
+    env.tidemark(&["sync", "p"])
+        .expect_code(1, "04 and 05 fail");
+    for day in ["2024-01-04", "2024-01-05"] {
+        assert_eq!(state_of(&env, day), ("failed".to_string(), 1), "{day}");
+        let line = status_of(&env, day);
+        assert!(line["not_before"].is_string(), "a back-off: {line}");
+    }
+    day_file(&env, "2024-01-04");
+    day_file(&env, "2024-01-05");
+
+    // Without --now, sync leaves both within their back-off.
+    let out = env.tidemark(&["sync", "p", "--dry-run"]);
+    out.expect_code(0, "sync --dry-run");
+    for day in ["2024-01-04", "2024-01-05"] {
+        let line = out.stdout.lines().find(|l| l.starts_with(day));
+        assert!(
+            line.is_some_and(|l| l.contains("skip: failed: source; retried from")),
+            "{day}\n{out}"
+        );
+    }
+    env.tidemark(&["sync", "p"])
+        .expect_code(0, "sync within the back-off");
+    for day in ["2024-01-04", "2024-01-05"] {
+        assert_eq!(
+            state_of(&env, day),
+            ("failed".to_string(), 1),
+            "{day}: not run within its back-off"
+        );
+    }
+
+    // run --now runs 04 now.
+    let out = env.tidemark(&["run", "p", "--period", "2024-01-04", "--now"]);
+    out.expect_code(0, "run --now");
+    assert_eq!(state_of(&env, "2024-01-04"), ("done".to_string(), 2));
+    assert_eq!(status_of(&env, "2024-01-04")["not_before"], Json::Null);
+
+    // sync --now runs 05 (its dry run says so first).
+    let out = env.tidemark(&["sync", "p", "--now", "--dry-run"]);
+    out.expect_code(0, "sync --now --dry-run");
+    let line = out.stdout.lines().find(|l| l.starts_with("2024-01-05"));
+    assert!(
+        line.is_some_and(|l| l.contains("re-run: failed: source")),
+        "{out}"
+    );
+    env.tidemark(&["sync", "p", "--now"])
+        .expect_code(0, "sync --now");
+    assert_eq!(state_of(&env, "2024-01-05"), ("done".to_string(), 2));
+    assert_eq!(env.db.count("FROM p").await, 15);
+
+    // A plain run of a key within its back-off runs it too (run is the
+    // operator's: it never waited).
+    env.write("pipelines/data/2024-01-05.csv", "not,a\n");
+    env.tidemark(&["run", "p", "--period", "2024-01-05", "--force"])
+        .expect_code(1, "a file without the id column fails");
+    day_file(&env, "2024-01-05");
+    env.tidemark(&["run", "p", "--period", "2024-01-05"])
+        .expect_code(0, "run within the back-off");
+    assert_eq!(state_of(&env, "2024-01-05"), ("done".to_string(), 4));
 }

@@ -7,12 +7,19 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value as Json;
 
-use crate::support::{backend_tests, Backend, Env, FifoWriter};
+use crate::support::{backend_tests, Backend, Env, FifoWriter, BIN};
 
 backend_tests! {
     status_over_a_range_shows_missing_periods_in_time_order: status_over_a_range_shows_missing_periods_in_time_order_sqlite, status_over_a_range_shows_missing_periods_in_time_order_postgres;
     status_only_selects_one_state: status_only_selects_one_state_sqlite, status_only_selects_one_state_postgres;
     status_period_tells_a_lost_attempt_and_its_resumption: status_period_tells_a_lost_attempt_and_its_resumption_sqlite, status_period_tells_a_lost_attempt_and_its_resumption_postgres;
+    status_summary_counts_the_table_and_tells_freshness: status_summary_counts_the_table_and_tells_freshness_sqlite, status_summary_counts_the_table_and_tells_freshness_postgres;
+    status_calendar_has_one_cell_per_period: status_calendar_has_one_cell_per_period_sqlite, status_calendar_has_one_cell_per_period_postgres;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_on_a_terminal_draws_the_calendar_in_colour_unless_no_color() {
+    status_on_a_terminal_draws_the_calendar_in_colour_unless_no_color_run().await;
 }
 
 /// Hourly periods in Berlin from two NDJSON sources: `a` needs a file per
@@ -413,4 +420,380 @@ max_rejects = 3
     // Other commands' output is unchanged: only `--period` adds a story.
     let out = env.tidemark(&["status", "p", "--json"]);
     assert!(out.json_lines()[0].get("history").is_none(), "{out}");
+}
+
+// ---------------------------------------------------------------------------
+// The summary line and the calendar (issue 21 item 3)
+// ---------------------------------------------------------------------------
+
+/// "Now" of the daily tests: 2024-01-01 through 2024-01-11 are due (lag
+/// 1 h), 2024-01-12 is not.
+const DAILY_NOW: &str = "2024-01-12T12:00:00Z";
+
+/// A daily pipeline whose day files must exist, with a ledger of every
+/// kind of day over 2024-01-01..14: done (01, 02, 04, 05, 08), failed
+/// (03 and 09: no file), marked skipped (06), never run (07, 10, 11:
+/// missing) and not due (12, 13, 14).
+async fn daily_ledger(backend: Backend) -> Env {
+    let mut env = Env::new(backend).await;
+    env.set_var("TIDEMARK_NOW", DAILY_NOW);
+    env.write(
+        "pipelines/d.toml",
+        r#"name = "d"
+export_type = "t"
+
+[period]
+granularity = "day"
+timezone = "UTC"
+start = "2024-01-01"
+lag = "1h"
+
+[[sources]]
+id = "s"
+transport = "file"
+format = "csv"
+path = "data/{period.start:%Y-%m-%d}.csv"
+missing = "error"
+
+[fields]
+id = { type = "text", required = true }
+
+[load]
+table = "d"
+key = ["id"]
+
+[retry]
+max_attempts = 1
+"#,
+    );
+    for day in ["01", "02", "04", "05", "08"] {
+        env.write(
+            format!("pipelines/data/2024-01-{day}.csv"),
+            &format!("id\n{day}-a\n{day}-b\n"),
+        );
+    }
+    for (from, to) in [("2024-01-01", "2024-01-05"), ("2024-01-08", "2024-01-09")] {
+        env.tidemark(&["backfill", "d", "--from", from, "--to", to])
+            .expect_code(1, "a day without its file fails");
+    }
+    env.tidemark(&[
+        "mark",
+        "d",
+        "--period",
+        "2024-01-06",
+        "--as",
+        "skipped",
+        "--note",
+        "closed",
+    ])
+    .expect_code(0, "mark");
+    env
+}
+
+/// The STATUS column of each table line, by period start's day.
+fn table_states(stdout: &str) -> Vec<(String, String)> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("2024-"))
+        .map(|l| {
+            let mut words = l.split_whitespace();
+            let start = words.next().unwrap_or_default();
+            let state = words.nth(1).unwrap_or_default();
+            (start[..10].to_string(), state.to_string())
+        })
+        .collect()
+}
+
+/// The number before `what` in the summary line (`3 done`, `2 missing`).
+fn summary_count(summary: &str, what: &str) -> usize {
+    let at = summary
+        .find(&format!(" {what}"))
+        .unwrap_or_else(|| panic!("no {what:?} in {summary}"));
+    summary[..at]
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count before {what:?} in {summary}"))
+}
+
+fn summary_line(stdout: &str) -> String {
+    let summaries: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("summary: "))
+        .collect();
+    assert_eq!(summaries.len(), 1, "one summary line\n{stdout}");
+    assert!(
+        stdout.trim_end().ends_with(summaries[0]),
+        "the summary is the last line\n{stdout}"
+    );
+    summaries[0].to_string()
+}
+
+async fn status_summary_counts_the_table_and_tells_freshness(backend: Backend) {
+    let env = daily_ledger(backend).await;
+    let range = ["status", "d", "--from", "2024-01-01", "--to", "2024-01-14"];
+    let out = env.tidemark(&range);
+    out.expect_code(0, "status over the range");
+    let states = table_states(&out.stdout);
+    let day = |d: &str| {
+        states
+            .iter()
+            .find(|(start, _)| start == d)
+            .map(|(_, s)| s.as_str())
+            .unwrap_or_else(|| panic!("no line for {d}\n{out}"))
+    };
+    assert_eq!(states.len(), 14, "one line per day\n{out}");
+    assert_eq!(day("2024-01-07"), "missing", "never run and due\n{out}");
+    assert_eq!(day("2024-01-11"), "missing", "{out}");
+    assert_eq!(day("2024-01-12"), "not_due", "{out}");
+    assert_eq!(day("2024-01-03"), "failed", "{out}");
+    assert_eq!(day("2024-01-06"), "done", "marked: a done row\n{out}");
+
+    // The summary's counts are the table's.
+    let summary = summary_line(&out.stdout);
+    let count = |state: &str| states.iter().filter(|(_, s)| s == state).count();
+    assert_eq!(
+        summary_count(&summary, "run key(s)"),
+        states.len(),
+        "{summary}"
+    );
+    for (table, said) in [
+        ("done", "done ("),
+        ("failed", "failed ("),
+        ("running", "running,"),
+        ("pending", "pending,"),
+        ("cancelled", "cancelled,"),
+        ("missing", "missing,"),
+        ("not_due", "not due;"),
+    ] {
+        assert_eq!(
+            summary_count(&summary, said),
+            count(table),
+            "{table} in {summary}\n{out}"
+        );
+    }
+    assert_eq!(
+        (
+            count("done"),
+            count("failed"),
+            count("missing"),
+            count("not_due")
+        ),
+        (6, 2, 3, 3),
+        "{out}"
+    );
+    assert_eq!(summary_count(&summary, "marked"), 1, "{summary}");
+    assert_eq!(
+        summary_count(&summary, "backing off"),
+        2,
+        "both failures are within their back-off: {summary}"
+    );
+    // Done without a gap through 02 (03 failed): now (12T12:00) minus the
+    // end of 02 (03T00:00).
+    assert!(
+        summary.ends_with("freshness 9d 12h (every period done through 2024-01-03T00:00:00Z)"),
+        "{summary}"
+    );
+
+    // `--only failed` lists exactly the failed days; the summary counts
+    // those lines, the freshness stays the range's.
+    let mut only = range.to_vec();
+    only.extend(["--only", "failed"]);
+    let out = env.tidemark(&only);
+    out.expect_code(0, "status --only failed");
+    let failed: Vec<(String, String)> = table_states(&out.stdout);
+    assert_eq!(
+        failed,
+        [
+            ("2024-01-03".to_string(), "failed".to_string()),
+            ("2024-01-09".to_string(), "failed".to_string())
+        ],
+        "{out}"
+    );
+    let summary = summary_line(&out.stdout);
+    assert_eq!(summary_count(&summary, "run key(s)"), 2, "{summary}");
+    assert_eq!(summary_count(&summary, "failed ("), 2, "{summary}");
+    assert_eq!(summary_count(&summary, "done ("), 0, "{summary}");
+    assert!(
+        summary.contains("done through 2024-01-03T00:00:00Z"),
+        "{summary}"
+    );
+    only.push("--json");
+    let out = env.tidemark(&only);
+    out.expect_code(0, "status --only failed --json");
+    let json = out.json_lines();
+    let days: Vec<&str> = json
+        .iter()
+        .map(|l| l["period_start"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        days,
+        ["2024-01-03T00:00:00Z", "2024-01-09T00:00:00Z"],
+        "--json: one object per run key, no summary\n{out}"
+    );
+    assert!(json.iter().all(|l| l["status"] == "failed"), "{out}");
+
+    // Without a range (the ledger's rows only) the summary is there too.
+    let out = env.tidemark(&["status", "d"]);
+    out.expect_code(0, "status of the ledger");
+    let summary = summary_line(&out.stdout);
+    assert_eq!(summary_count(&summary, "run key(s)"), 8, "{summary}");
+}
+
+/// The calendar's rows: `(label, cells)` between its column header and
+/// its legend, each cell the glyph in its two columns (`' '` for none).
+fn calendar_rows(stdout: &str) -> Vec<(String, Vec<char>)> {
+    let mut lines = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("calendar of d"));
+    assert!(lines.next().is_some(), "a calendar\n{stdout}");
+    let header = lines.next().unwrap_or_default();
+    assert!(header.trim_start().starts_with("Mo Tu We"), "{stdout}");
+    lines
+        .take_while(|l| !l.trim_start().starts_with("legend:"))
+        .map(|l| {
+            let label = l[2..12].to_string();
+            let cells = l.as_bytes()[14..]
+                .chunks(3)
+                .map(|cell| char::from(cell[1]))
+                .collect();
+            (label, cells)
+        })
+        .collect()
+}
+
+async fn status_calendar_has_one_cell_per_period(backend: Backend) {
+    let env = daily_ledger(backend).await;
+    let range = ["status", "d", "--from", "2024-01-01", "--to", "2024-01-14"];
+
+    // Not a terminal: no calendar unless asked for.
+    let out = env.tidemark(&range);
+    assert!(!out.stdout.contains("calendar of"), "{out}");
+
+    let mut forced = range.to_vec();
+    forced.extend(["--calendar", "always", "--color", "never"]);
+    let out = env.tidemark(&forced);
+    out.expect_code(0, "status --calendar always");
+    assert!(!out.stdout.contains('\x1b'), "no colours\n{out}");
+    let rows = calendar_rows(&out.stdout);
+    // 2024-01-01 is a Monday: two full weeks.
+    let labels: Vec<&str> = rows.iter().map(|(l, _)| l.as_str()).collect();
+    assert_eq!(labels, ["2024-01-01", "2024-01-08"], "{out}");
+    let cells: Vec<char> = rows.iter().flat_map(|(_, c)| c.clone()).collect();
+    assert_eq!(
+        cells.iter().filter(|c| **c != ' ').count(),
+        14,
+        "one cell per period\n{out}"
+    );
+    let cell = |day: usize| cells[day - 1];
+    assert!(
+        matches!(cell(3), 'F' | 'f'),
+        "03 failed: {:?}\n{out}",
+        cell(3)
+    );
+    assert!(matches!(cell(9), 'F' | 'f'), "09 failed\n{out}");
+    for (day, glyph) in [(1, '#'), (6, 'M'), (7, '?'), (11, '?'), (12, '.')] {
+        assert_eq!(cell(day), glyph, "2024-01-{day:02}\n{out}");
+    }
+    let failed_cells = cells.iter().filter(|c| matches!(c, 'F' | 'f')).count();
+    assert_eq!(failed_cells, 2, "exactly the failed days\n{out}");
+    let legend: String = out
+        .stdout
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("legend:"))
+        .take(2)
+        .collect();
+    for entry in [
+        "# done",
+        "M marked",
+        "F failed",
+        "f failed, backing off",
+        "? missing",
+        ". not due",
+    ] {
+        assert!(legend.contains(entry), "{entry:?} in {legend}");
+    }
+    // The table and its summary follow the calendar.
+    assert_eq!(table_states(&out.stdout).len(), 14, "{out}");
+    summary_line(&out.stdout);
+
+    // Forced colours: each cell a chip; the failed one red.
+    let mut coloured = range.to_vec();
+    coloured.extend(["--calendar", "always", "--color", "always"]);
+    let out = env.tidemark(&coloured);
+    out.expect_code(0, "status --color always");
+    assert!(
+        out.stdout.contains("\x1b[30;42m #\x1b[0m"),
+        "a done chip\n{out}"
+    );
+    assert!(
+        out.stdout.contains("\x1b[30;101m f\x1b[0m") || out.stdout.contains("\x1b[97;41m F\x1b[0m"),
+        "a failed chip\n{out}"
+    );
+}
+
+/// Runs `status d ARGS` with stdout on a terminal (a pty of `script`),
+/// with `NO_COLOR` set when `no_color`; what the terminal showed.
+fn on_terminal(env: &Env, no_color: bool, args: &[&str]) -> String {
+    let command = format!(
+        "{BIN} --database-url '{}' status d {}",
+        env.db.url(),
+        args.join(" ")
+    );
+    let mut script = std::process::Command::new("script");
+    script
+        .args(["-qec", &command, "/dev/null"])
+        .current_dir(env.path(""))
+        .env("TIDEMARK_NOW", DAILY_NOW)
+        .env_remove("TIDEMARK_DATABASE_URL")
+        .env_remove("NO_COLOR")
+        .stdin(std::process::Stdio::null());
+    if no_color {
+        script.env("NO_COLOR", "1");
+    }
+    let out = script.output().expect("script (util-linux) runs");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n")
+}
+
+/// On a terminal, a range gets its calendar without being asked, in
+/// colour; `NO_COLOR` keeps the calendar and drops the colours; a single
+/// period gets none.
+async fn status_on_a_terminal_draws_the_calendar_in_colour_unless_no_color_run() {
+    let env = daily_ledger(Backend::Sqlite).await;
+    let range = ["--from", "2024-01-01", "--to", "2024-01-14"];
+    let shown = on_terminal(&env, false, &range);
+    assert!(shown.contains("calendar of d, source s:"), "{shown}");
+    assert!(
+        shown.contains("\x1b[30;42m #\x1b[0m"),
+        "a done chip\n{shown}"
+    );
+    assert_eq!(calendar_rows(&strip_colours(&shown)).len(), 2, "{shown}");
+
+    let plain = on_terminal(&env, true, &range);
+    assert!(plain.contains("calendar of d, source s:"), "{plain}");
+    assert!(!plain.contains('\x1b'), "NO_COLOR: letters only\n{plain}");
+    let cells: usize = calendar_rows(&plain)
+        .iter()
+        .map(|(_, c)| c.iter().filter(|c| **c != ' ').count())
+        .sum();
+    assert_eq!(cells, 14, "{plain}");
+
+    let one = on_terminal(&env, false, &["--period", "2024-01-03"]);
+    assert!(!one.contains("calendar of"), "{one}");
+    assert!(one.contains("summary: 1 run key(s)"), "{one}");
+}
+
+/// `text` without its ANSI SGR sequences (`ESC [ ... m`).
+fn strip_colours(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
 }

@@ -185,6 +185,14 @@ pub struct RunArgs {
     #[arg(long)]
     pub wait: bool,
 
+    /// Run a failed period now, whatever its failure back-off
+    /// (`not_before`). `run` never waits for a back-off, so this is what it
+    /// does anyway: the flag says it outright (and matches `sync --now`).
+    /// The back-off holds `sync` and `serve`'s schedule only; a run that
+    /// succeeds clears it, one that fails again doubles it.
+    #[arg(long)]
+    pub now: bool,
+
     /// Run the period although it is still open (its end plus period.lag
     /// has not passed); it is recorded as provisional and `sync` re-runs it
     /// once it is due.
@@ -302,6 +310,12 @@ pub struct SyncArgs {
     /// Periods to run at once [default: as for backfill].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: Option<u16>,
+
+    /// Lift the failure back-off: run failed periods now, also those whose
+    /// `not_before` (1 min after the first failure, doubling, at most 24 h)
+    /// has not passed, which sync otherwise leaves alone.
+    #[arg(long)]
+    pub now: bool,
 
     /// Print what would be done for each run key, and why, without reading
     /// any source or writing anything.
@@ -430,9 +444,34 @@ pub struct StatusArgs {
     #[arg(long, value_enum)]
     pub only: Option<StatusOnly>,
 
-    /// One JSON object per run key instead of a table.
+    /// One JSON object per run key instead of a table (and no calendar
+    /// or summary line: every line is a run key, as documented).
     #[arg(long)]
     pub json: bool,
+
+    /// A calendar of the range above the table (one cell per period and
+    /// source, a row per week of days, per day of hours, per month of
+    /// weeks, per year of months) with a legend. `auto`: when stdout is a
+    /// terminal and --from/--to is given.
+    #[arg(long, value_enum, default_value_t = When::Auto, value_name = "WHEN")]
+    pub calendar: When,
+
+    /// Colours in the calendar. `auto`: when stdout is a terminal and
+    /// NO_COLOR is not set; otherwise each cell is a letter or symbol
+    /// (the legend says which).
+    #[arg(long, value_enum, default_value_t = When::Auto, value_name = "WHEN")]
+    pub color: When,
+}
+
+/// `--calendar`, `--color`: on, off, or decided by where stdout goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum When {
+    /// Decided by where stdout goes (see the option).
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
 }
 
 /// `status --only`: the ledger's states (docs/ledger.md), plus `missing`

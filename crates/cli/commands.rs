@@ -58,6 +58,9 @@ async fn run(
     let sources = source_ids(&pipeline, args.options.source.as_deref())?;
     let now = setup.clock.now();
     plan::refuse_open(&pipeline, period, "--period", now, args.allow_open)?;
+    // `--now`: a run claims a failed key whatever its back-off (only `sync`
+    // and the schedule wait for it), so there is nothing more to lift.
+    let _ = args.now;
     let ask = Ask::Periods {
         range: period,
         only: None,
@@ -258,6 +261,7 @@ async fn sync(
     }
     let ask = Ask::Sync {
         force: args.options.force,
+        now: args.now,
     };
     let targets = pipelines
         .into_iter()

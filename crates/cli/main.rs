@@ -28,6 +28,7 @@ macro_rules! tell {
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+mod calendar;
 mod cli;
 mod clock;
 mod commands;

@@ -10,6 +10,7 @@ use tidemark_core::{Period, Pipeline, RunKey};
 use tidemark_load::{AttemptEntry, Counts, History, LedgerEntry, RejectEntry};
 
 use crate::exit::Exit;
+use tidemark_engine::status::{LineState, StatusSummary};
 use tidemark_engine::Outcome;
 
 /// A progress bar on stderr when it is a terminal; hidden otherwise.
@@ -397,6 +398,49 @@ fn status_row(
         finished,
         note
     );
+}
+
+/// The last line of a `status` table: the lines per state (they add up
+/// to the lines above; marked, stale and provisional are kinds of done,
+/// "backing off" a kind of failed) and the freshness of every line read:
+/// now minus the end of the newest period up to which every period (of
+/// every source, from the first line read) is done.
+pub fn print_status_summary(summary: &StatusSummary, now: DateTime<Utc>) {
+    let n = |state| summary.count(state);
+    let freshness = match (summary.freshness(now), summary.complete_through()) {
+        (Some(age), Some(through)) => format!(
+            "freshness {} (every period done through {})",
+            age_text(age),
+            rfc3339(through)
+        ),
+        _ => "freshness - (the first period read is not done)".to_string(),
+    };
+    say!(
+        "summary: {} run key(s): {} done ({} marked, {} stale, {} provisional), {} failed ({} backing off), {} running, {} pending, {} cancelled, {} missing, {} not due; {freshness}",
+        summary.lines,
+        summary.done(),
+        n(LineState::Marked),
+        summary.stale,
+        summary.provisional,
+        summary.failed(),
+        n(LineState::Retrying),
+        n(LineState::Running),
+        n(LineState::Pending),
+        n(LineState::Cancelled),
+        n(LineState::Missing),
+        n(LineState::NotDue),
+    );
+}
+
+/// An age in its two largest units: `9d 12h`, `3h 5m`, `42m`.
+fn age_text(age: chrono::Duration) -> String {
+    let minutes = age.num_minutes().max(0);
+    let (days, hours, minutes) = (minutes / 1440, minutes / 60 % 24, minutes % 60);
+    match (days, hours) {
+        (0, 0) => format!("{minutes}m"),
+        (0, _) => format!("{hours}h {minutes}m"),
+        _ => format!("{days}d {hours}h"),
+    }
 }
 
 /// What `status` says when no line matched.

@@ -2,17 +2,21 @@
 //! pipeline ([`tidemark_engine::status`]), as a table or one JSON object
 //! per line. No source is read, no secret is needed.
 
+use std::io::IsTerminal;
+
 use chrono::{DateTime, Utc};
-use tidemark_core::{Error, Pipeline};
-use tidemark_engine::status::{StatusItem, StatusQuery};
+use tidemark_core::{Error, Period, Pipeline};
+use tidemark_engine::status::{StatusItem, StatusQuery, StatusReport, CALENDAR_MAX_PERIODS};
 use tidemark_engine::{History, Store};
 
-use crate::cli::StatusArgs;
+use crate::cli::{StatusArgs, When};
 use crate::exit::Exit;
 use crate::output::{self, StatusLine};
 use crate::setup::Setup;
 
-/// `status PIPELINE [--period P | --from P1 --to P2] [--only STATE] [--json]`.
+/// `status PIPELINE [--period P | --from P1 --to P2] [--only STATE] [--json]
+/// [--calendar WHEN] [--color WHEN]`: the lines, then a summary line; over a
+/// range on a terminal, a calendar above them.
 ///
 /// It only reads: the database is opened read-only (a missing SQLite file
 /// is not created, an old ledger is not migrated but named, with
@@ -42,27 +46,103 @@ pub async fn status(setup: &Setup<'_>, args: StatusArgs) -> Result<Exit, Error> 
         );
     }
     let json = args.json;
-    let given = if args.period.is_some() {
+    let calendar = !json && args.from.is_some() && wants_calendar(&args, query.range);
+    let colour = colour_on(args.color);
+    let report = if args.period.is_some() {
         period_story(store.as_ref(), &pipeline, query, now, json).await
+    } else if calendar {
+        with_calendar(store.as_ref(), &pipeline, query, now, colour).await
     } else {
         let mut table = output::StatusTable::default();
-        tidemark_engine::status::status(store.as_ref(), &pipeline, query, now, |item| {
-            let line = line_of(&item);
-            if json {
-                output::print_status_json(&line, None);
-            } else {
-                table.add(&line);
-            }
-        })
+        tidemark_engine::status::status_report(
+            store.as_ref(),
+            &pipeline,
+            query,
+            now,
+            false,
+            |item| {
+                let line = line_of(&item);
+                if json {
+                    output::print_status_json(&line, None);
+                } else {
+                    table.add(&line);
+                }
+            },
+        )
         .await
     };
     if let Some(store) = &store {
         store.close().await;
     }
-    if !json && given? == 0 {
-        output::say_no_status(&pipeline, only.is_some());
+    let report = report?;
+    if !json {
+        if report.summary.lines == 0 {
+            output::say_no_status(&pipeline, only.is_some());
+        } else {
+            output::print_status_summary(&report.summary, now);
+        }
     }
     Ok(Exit::Success)
+}
+
+/// Whether `--calendar` (and where stdout goes) asks for the calendar of
+/// `range`: not past [`CALENDAR_MAX_PERIODS`] periods, which the table
+/// tells better (said on stderr when it was asked for outright).
+fn wants_calendar(args: &StatusArgs, range: Option<(Period, Period)>) -> bool {
+    let asked = match args.calendar {
+        When::Always => true,
+        When::Never => false,
+        When::Auto => std::io::stdout().is_terminal(),
+    };
+    let Some((from, to)) = range.filter(|_| asked) else {
+        return false;
+    };
+    let periods = Period::range_inclusive(from, to)
+        .take(CALENDAR_MAX_PERIODS + 1)
+        .count();
+    if periods > CALENDAR_MAX_PERIODS && args.calendar == When::Always {
+        tell!("note: no calendar: the range has more than {CALENDAR_MAX_PERIODS} periods; narrow --from/--to");
+    }
+    periods <= CALENDAR_MAX_PERIODS
+}
+
+/// Whether the calendar is coloured: `--color`, or on a terminal when
+/// NO_COLOR is not set to anything (<https://no-color.org>).
+fn colour_on(when: When) -> bool {
+    match when {
+        When::Always => true,
+        When::Never => false,
+        When::Auto => {
+            std::io::stdout().is_terminal()
+                && std::env::var_os("NO_COLOR").map_or(true, |v| v.is_empty())
+        }
+    }
+}
+
+/// A range with its calendar above the table: the lines are held until
+/// the calendar is whole (at most [`CALENDAR_MAX_PERIODS`] periods per
+/// source, see [`wants_calendar`]).
+async fn with_calendar(
+    store: Option<&Store>,
+    pipeline: &Pipeline,
+    query: StatusQuery,
+    now: DateTime<Utc>,
+    colour: bool,
+) -> Result<StatusReport, Error> {
+    let mut items = Vec::new();
+    let report =
+        tidemark_engine::status::status_report(store, pipeline, query, now, true, |item| {
+            items.push(item)
+        })
+        .await?;
+    if let Some(calendars) = &report.calendars {
+        crate::calendar::print(&pipeline.spec.name, calendars, colour);
+    }
+    let mut table = output::StatusTable::default();
+    for item in &items {
+        table.add(&line_of(item));
+    }
+    Ok(report)
 }
 
 /// One period: its lines (one per source, a handful), then each recorded
@@ -74,11 +154,13 @@ async fn period_story(
     query: StatusQuery,
     now: DateTime<Utc>,
     json: bool,
-) -> Result<usize, Error> {
+) -> Result<StatusReport, Error> {
     let mut items = Vec::new();
-    let given =
-        tidemark_engine::status::status(store, pipeline, query, now, |item| items.push(item))
-            .await?;
+    let report =
+        tidemark_engine::status::status_report(store, pipeline, query, now, false, |item| {
+            items.push(item)
+        })
+        .await?;
     let mut stories = Vec::new();
     for item in &items {
         let history = match (item, store) {
@@ -103,7 +185,7 @@ async fn period_story(
             }
         }
     }
-    Ok(given)
+    Ok(report)
 }
 
 fn line_of(item: &StatusItem) -> StatusLine<'_> {

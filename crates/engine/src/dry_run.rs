@@ -81,7 +81,13 @@ fn line(pipeline: &Pipeline, planned: Planned, force_deletes: bool, worker: &Wor
                 let flags = RunFlags::of(&planned, force_deletes, false);
                 row.preview(&claim_request(pipeline, &flags, worker, lease_ttl))
             });
-            describe(&preview, forced.as_ref())
+            match (&preview, &planned.row) {
+                // A marked key the claim would leave: say it is marked.
+                (Preview::Done { .. }, Some(row)) if row.entry.marked.is_some() => {
+                    ("skip", crate::plan::describe(&row.entry))
+                }
+                _ => describe(&preview, forced.as_ref()),
+            }
         }
     };
     DryLine {

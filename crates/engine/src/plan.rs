@@ -93,6 +93,9 @@ pub enum Ask {
     Sync {
         /// Run done keys again.
         force: bool,
+        /// Lift the back-off: run failed keys whose `not_before` has not
+        /// passed too (`sync --now`).
+        now: bool,
     },
 }
 
@@ -358,7 +361,7 @@ impl Planner {
                 }
                 Ok(Some(page))
             }
-            Ask::Sync { force } => self.sync_page(force).await,
+            Ask::Sync { force, now } => self.sync_page(force, now).await,
         }
     }
 
@@ -383,7 +386,7 @@ impl Planner {
 
     /// `sync`'s next page: due periods of the current source, then of the
     /// next source from `period.start`.
-    async fn sync_page(&mut self, force: bool) -> Result<Option<Vec<Planned>>, Error> {
+    async fn sync_page(&mut self, force: bool, lift: bool) -> Result<Option<Vec<Planned>>, Error> {
         if self.lookback.is_none() {
             self.lookback = Some(self.find_lookback().await?);
         }
@@ -412,7 +415,7 @@ impl Planner {
                 page.push(Planned {
                     key: key(&pipeline, &source, period),
                     source: source.clone(),
-                    intent: sync_intent(entry, again.contains(&start), force),
+                    intent: sync_intent(entry, again.contains(&start), force, lift),
                     provisional: false,
                     row,
                 });
@@ -545,8 +548,15 @@ fn select(only: Option<Only>, force: bool, entry: Option<&LedgerEntry>) -> Inten
     ))
 }
 
-/// A ledger row's state in a few words.
-fn describe(entry: &LedgerEntry) -> String {
+/// A ledger row's state in a few words; a marked period says so (`marked
+/// skipped: NOTE`): it was never loaded by tidemark, and `sync` leaves it.
+pub(crate) fn describe(entry: &LedgerEntry) -> String {
+    if let (RunStatus::Done, Some(marked)) = (entry.status, &entry.marked) {
+        return format!(
+            "marked {marked}: {}",
+            entry.mark_note.as_deref().unwrap_or("")
+        );
+    }
     match (entry.status, &entry.error_class, &entry.finished_at) {
         (RunStatus::Done, _, Some(at)) => format!("done at {at}"),
         (RunStatus::Failed, Some(class), _) => format!("failed: {class}"),
@@ -555,8 +565,8 @@ fn describe(entry: &LedgerEntry) -> String {
 }
 
 /// What `sync` does with a due key: `again` says it is one of the last
-/// `lookback` done periods.
-fn sync_intent(entry: Option<&LedgerEntry>, again: bool, force: bool) -> Intent {
+/// `lookback` done periods; `lift`: a failed key's back-off is lifted.
+fn sync_intent(entry: Option<&LedgerEntry>, again: bool, force: bool, lift: bool) -> Intent {
     let done = entry.filter(|e| e.status == RunStatus::Done);
     match (entry, done) {
         (_, Some(_)) if force => Intent::Claim(Some(Forced::Flag)),
@@ -564,7 +574,7 @@ fn sync_intent(entry: Option<&LedgerEntry>, again: bool, force: bool) -> Intent 
         (_, Some(_)) if again => Intent::Claim(Some(Forced::Lookback)),
         (_, Some(e)) => Intent::Leave(describe(e)),
         (None, None) => Intent::Claim(None),
-        (Some(e), None) => undone(e, force),
+        (Some(e), None) => undone(e, force, lift),
     }
 }
 
@@ -574,11 +584,11 @@ fn sync_intent(entry: Option<&LedgerEntry>, again: bool, force: bool) -> Intent 
 /// only what is due), so a permanently failing source is not read at every
 /// fire; a cancelled one stays out until an operator runs or queues it; a
 /// pending or running one is claimed (the claim rules then resume or hold
-/// it).
-fn undone(entry: &LedgerEntry, force: bool) -> Intent {
+/// it). `lift` (`sync --now`) runs a failed key whatever its back-off.
+fn undone(entry: &LedgerEntry, force: bool, lift: bool) -> Intent {
     match entry.status {
-        RunStatus::Failed if !force && entry.backing_off => Intent::Leave(format!(
-            "{}; retried from {}",
+        RunStatus::Failed if !force && !lift && entry.backing_off => Intent::Leave(format!(
+            "{}; retried from {} (sync --now runs it now)",
             describe(entry),
             entry.not_before.as_deref().unwrap_or("?")
         )),
@@ -738,22 +748,22 @@ key = ["id"]
         let provisional = entry(&p, "2024-01-01", RunStatus::Done, true);
         let done = entry(&p, "2024-01-02", RunStatus::Done, false);
         assert_eq!(
-            sync_intent(Some(&provisional), false, false),
+            sync_intent(Some(&provisional), false, false, false),
             Intent::Claim(Some(Forced::Provisional))
         );
         assert_eq!(
-            sync_intent(Some(&done), false, false),
+            sync_intent(Some(&done), false, false, false),
             Intent::Leave("done at 2024-01-02T05:00:00.000Z".into())
         );
         assert_eq!(
-            sync_intent(Some(&done), true, false),
+            sync_intent(Some(&done), true, false, false),
             Intent::Claim(Some(Forced::Lookback))
         );
         assert_eq!(
-            sync_intent(Some(&done), true, true),
+            sync_intent(Some(&done), true, true, false),
             Intent::Claim(Some(Forced::Flag))
         );
-        assert_eq!(sync_intent(None, false, false), Intent::Claim(None));
+        assert_eq!(sync_intent(None, false, false, false), Intent::Claim(None));
     }
 
     #[test]

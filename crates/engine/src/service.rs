@@ -710,7 +710,10 @@ async fn queue_due(
         Some(store.clone()),
         Arc::clone(pipeline),
         sources,
-        Ask::Sync { force: false },
+        Ask::Sync {
+            force: false,
+            now: false,
+        },
         now,
         false,
     )?;

@@ -15,6 +15,12 @@ use tidemark_load::{LedgerEntry, RunStatus, StartRange, Store};
 
 use crate::run::Backoff;
 
+mod calendar;
+mod summary;
+
+pub use calendar::{Calendar, CalendarBuilder, CalendarRow, CALENDAR_MAX_PERIODS};
+pub use summary::{LineState, StatusSummary};
+
 /// A selection by state (`status --only`): the ledger's states
 /// (docs/ledger.md), plus `missing` (no row: never run), `stale` and
 /// `provisional` (done, with a note).
@@ -113,8 +119,35 @@ pub async fn status(
     pipeline: &Pipeline,
     query: StatusQuery,
     now: DateTime<Utc>,
-    mut each: impl FnMut(StatusItem) + Send,
+    each: impl FnMut(StatusItem) + Send,
 ) -> Result<usize, Error> {
+    let report = status_report(store, pipeline, query, now, false, each).await?;
+    Ok(report.summary.lines)
+}
+
+/// What a status gives besides its lines: their summary, and with
+/// `calendar` asked the calendars of every line read.
+#[derive(Debug, Clone)]
+pub struct StatusReport {
+    /// The counts of the lines given and the freshness of those read.
+    pub summary: StatusSummary,
+    /// One calendar per source ([`CalendarBuilder`]); `None` when not
+    /// asked, or when the range is longer than [`CALENDAR_MAX_PERIODS`].
+    pub calendars: Option<Vec<Calendar>>,
+}
+
+/// [`status`], with its summary and, when `calendar`, its calendars: the
+/// summary counts the lines given (so it agrees with the table), its
+/// freshness and the calendars follow every line read (`--only` narrows
+/// what is listed, not what is fresh).
+pub async fn status_report(
+    store: Option<&Store>,
+    pipeline: &Pipeline,
+    query: StatusQuery,
+    now: DateTime<Utc>,
+    calendar: bool,
+    mut each: impl FnMut(StatusItem) + Send,
+) -> Result<StatusReport, Error> {
     let starts = query
         .range
         .map(|(from, to)| (from.start_rfc3339(), to.start_rfc3339()));
@@ -126,7 +159,11 @@ pub async fn status(
     sources.sort();
     let mut backoff = Backoff::new(&pipeline.retry);
     loop {
-        let mut view = View::new(pipeline, query, sources.clone(), now, &mut each);
+        let watch = Watch {
+            summary: StatusSummary::new(&sources),
+            calendar: calendar.then(|| CalendarBuilder::new(pipeline)),
+        };
+        let mut view = View::new(pipeline, query, sources.clone(), now, watch, &mut each);
         let read = match store {
             Some(store) => {
                 store
@@ -139,9 +176,32 @@ pub async fn status(
             None => Ok(()),
         };
         match read {
-            Err(e) if view.given == 0 && backoff.should_retry(&e, "read the ledger").await => {}
+            Err(e) if view.given() == 0 && backoff.should_retry(&e, "read the ledger").await => {}
             Err(e) => return Err(e),
             Ok(()) => return Ok(view.finish()),
+        }
+    }
+}
+
+/// What a view keeps of the lines besides handing them on.
+struct Watch {
+    summary: StatusSummary,
+    calendar: Option<CalendarBuilder>,
+}
+
+impl Watch {
+    /// Whether a line of `source` that is not given still matters: to the
+    /// calendar, or to a freshness still being followed (a million
+    /// periods `--only failed` leaves out are not each made into a line).
+    fn needs(&self, source: &str) -> bool {
+        self.calendar.is_some() || self.summary.follows(source)
+    }
+
+    /// A line read, before `--only` decides whether it is given.
+    fn read(&mut self, item: &StatusItem) {
+        self.summary.read(item);
+        if let Some(calendar) = &mut self.calendar {
+            calendar.read(item);
         }
     }
 }
@@ -157,7 +217,7 @@ struct View<'a, F> {
     /// The ledger rows of one period start, waiting for the next start.
     group: Vec<LedgerEntry>,
     each: &'a mut F,
-    given: usize,
+    watch: Watch,
     /// The clock that decides what is due: an expected period without a
     /// ledger row is `missing` once due, `not_due` before.
     now: DateTime<Utc>,
@@ -170,6 +230,7 @@ impl<'a, F: FnMut(StatusItem) + Send> View<'a, F> {
         query: StatusQuery,
         sources: Vec<String>,
         now: DateTime<Utc>,
+        watch: Watch,
         each: &'a mut F,
     ) -> Self {
         let expected = query.range.map(|(from, to)| {
@@ -185,7 +246,7 @@ impl<'a, F: FnMut(StatusItem) + Send> View<'a, F> {
             expected,
             group: Vec::new(),
             each,
-            given: 0,
+            watch,
             now,
         }
     }
@@ -257,17 +318,20 @@ impl<'a, F: FnMut(StatusItem) + Send> View<'a, F> {
     }
 
     fn print_recorded(&mut self, entry: LedgerEntry) {
-        if self.only.map_or(true, |only| matches(only, &entry)) {
-            let due_at = DateTime::parse_from_rfc3339(&entry.period_end)
-                .ok()
-                .and_then(|end| {
-                    let lag = chrono::Duration::from_std(self.pipeline.lag).ok()?;
-                    end.with_timezone(&Utc).checked_add_signed(lag)
-                });
-            self.emit(StatusItem::Recorded {
-                entry: Box::new(entry),
-                due_at,
+        let given = self.only.map_or(true, |only| matches(only, &entry));
+        let due_at = DateTime::parse_from_rfc3339(&entry.period_end)
+            .ok()
+            .and_then(|end| {
+                let lag = chrono::Duration::from_std(self.pipeline.lag).ok()?;
+                end.with_timezone(&Utc).checked_add_signed(lag)
             });
+        let item = StatusItem::Recorded {
+            entry: Box::new(entry),
+            due_at,
+        };
+        self.watch.read(&item);
+        if given {
+            self.emit(item);
         }
     }
 
@@ -277,41 +341,54 @@ impl<'a, F: FnMut(StatusItem) + Send> View<'a, F> {
     fn print_missing(&mut self, period: &Period, sources: &[String]) {
         let due_at = self.pipeline.due_at(period);
         let not_due = !due_at.is_some_and(|at| at <= self.now);
-        if self.only.is_some() && (not_due || self.only != Some(StatusFilter::Missing)) {
-            return;
-        }
+        let given = self.only.is_none() || (!not_due && self.only == Some(StatusFilter::Missing));
         let sources = if sources.is_empty() {
             self.sources.clone()
         } else {
             sources.to_vec()
         };
         for source in &sources {
-            self.emit(StatusItem::Missing {
+            if !given && !self.watch.needs(source) {
+                continue;
+            }
+            let item = StatusItem::Missing {
                 pipeline: self.pipeline.spec.name.clone(),
                 source: source.clone(),
                 export_type: self.pipeline.spec.export_type.clone(),
                 period: *period,
                 due_at,
                 due: !not_due,
-            });
+            };
+            self.watch.read(&item);
+            if given {
+                self.emit(item);
+            }
         }
     }
 
     fn emit(&mut self, item: StatusItem) {
-        self.given += 1;
+        self.watch.summary.given(&item);
         (self.each)(item);
     }
 
+    /// How many lines were given so far.
+    fn given(&self) -> usize {
+        self.watch.summary.lines
+    }
+
     /// Gives what is left: the last group and the expected periods after
-    /// the last ledger row; how many lines were given in all.
-    fn finish(mut self) -> usize {
+    /// the last ledger row; the summary of every line, and the calendars.
+    fn finish(mut self) -> StatusReport {
         self.flush_group();
         if let Some(expected) = self.expected.take() {
             for period in expected {
                 self.print_missing(&period, &[]);
             }
         }
-        self.given
+        StatusReport {
+            summary: self.watch.summary,
+            calendars: self.watch.calendar.and_then(CalendarBuilder::finish),
+        }
     }
 }
 
