@@ -1,0 +1,391 @@
+//! `GET /`: per pipeline and source, one cell per period over a range,
+//! coloured by its state ([`PeriodState`]), each a link to its period's
+//! page; the workers panel; a legend.
+//!
+//! The range is the last 90 due periods by default; `?last=N` asks for
+//! another count, `?from=P&to=P` for a range (`?from=P` alone: N periods
+//! from P; `?to=P` alone: N periods up to P), `?pipeline=NAME` for one
+//! pipeline. At most [`MAX_PERIODS`] periods per pipeline: a longer range
+//! is cut, and the page says so.
+//!
+//! One ledger read per pipeline for the whole range (the status stream of
+//! [`crate::status::status`], which also merges in the periods the ledger
+//! has no row for): never a query per cell.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use chrono::{DateTime, Utc};
+use maud::{html, Markup};
+use serde::Deserialize;
+use tidemark_core::{Error, Period, Pipeline};
+
+use super::{layout, period_href};
+use crate::status::{status, StatusItem, StatusQuery};
+use crate::story::PeriodState;
+use crate::web::WebState;
+
+/// Periods shown when the query names no count.
+pub const DEFAULT_PERIODS: usize = 90;
+/// The most periods shown per pipeline.
+pub const MAX_PERIODS: usize = 10_000;
+
+/// The query string of `/`; every field is text, so a bad value is told on
+/// the page rather than refused by the extractor.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct GridQuery {
+    last: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    pipeline: Option<String>,
+}
+
+/// One cell.
+struct Cell {
+    state: PeriodState,
+    href: String,
+    title: String,
+}
+
+/// One row: a source (and export type, when the ledger holds rows of
+/// another one than the pipeline's current).
+#[derive(Default)]
+struct Row {
+    cells: Vec<Cell>,
+    counts: BTreeMap<&'static str, usize>,
+}
+
+/// What one pipeline's section shows.
+struct Section {
+    name: String,
+    range: Option<(Period, Period)>,
+    notes: Vec<String>,
+    rows: BTreeMap<(bool, String, String), Row>,
+    error: Option<String>,
+}
+
+pub(super) async fn index(
+    State(state): State<WebState>,
+    query: Result<Query<GridQuery>, QueryRejection>,
+) -> Markup {
+    let query = query.map(|Query(q)| q).unwrap_or_default();
+    let now = state.view.engine().now();
+    let (count, mut notes) = count_of(query.last.as_deref());
+    let mut sections = Vec::new();
+    for pipeline in state.view.pipelines() {
+        if query
+            .pipeline
+            .as_deref()
+            .is_some_and(|name| name != pipeline.spec.name)
+        {
+            continue;
+        }
+        sections.push(section(&state, &pipeline, &query, count, now).await);
+    }
+    if let Some(name) = query.pipeline.as_deref() {
+        if sections.is_empty() {
+            notes.push(format!("no pipeline named {name:?} is served"));
+        }
+    }
+    let body = html! {
+        h1 { "Periods" }
+        (range_form(&query, count))
+        @for note in &notes { p.note { (note) } }
+        @for s in &sections { (render_section(s)) }
+        (legend())
+        (crate::web::workers::panel(&state).await)
+    };
+    layout("periods", body)
+}
+
+/// The count of periods asked by `?last=`, bounded, with a note when the
+/// text was refused or cut.
+fn count_of(last: Option<&str>) -> (usize, Vec<String>) {
+    let Some(text) = last.filter(|t| !t.trim().is_empty()) else {
+        return (DEFAULT_PERIODS, Vec::new());
+    };
+    match text.trim().parse::<usize>() {
+        Ok(0) | Err(_) => (
+            DEFAULT_PERIODS,
+            vec![format!(
+                "last={text:?} is not a count of periods from 1 to {MAX_PERIODS}; showing {DEFAULT_PERIODS}"
+            )],
+        ),
+        Ok(n) if n > MAX_PERIODS => (
+            MAX_PERIODS,
+            vec![format!("last={n} is more than {MAX_PERIODS}; showing {MAX_PERIODS}")],
+        ),
+        Ok(n) => (n, Vec::new()),
+    }
+}
+
+async fn section(
+    state: &WebState,
+    pipeline: &Arc<Pipeline>,
+    query: &GridQuery,
+    count: usize,
+    now: DateTime<Utc>,
+) -> Section {
+    let mut section = Section {
+        name: pipeline.spec.name.clone(),
+        range: None,
+        notes: Vec::new(),
+        rows: BTreeMap::new(),
+        error: None,
+    };
+    let range = match range_of(pipeline, query, count, now) {
+        Ok(Some((range, cut))) => {
+            if cut {
+                section.notes.push(format!(
+                    "the range is cut to its first {MAX_PERIODS} periods"
+                ));
+            }
+            range
+        }
+        Ok(None) => {
+            section.notes.push("no period is due yet".to_string());
+            return section;
+        }
+        Err(e) => {
+            section.error = Some(e.to_string());
+            return section;
+        }
+    };
+    section.range = Some(range);
+    let store = state.view.engine().store();
+    let status_query = StatusQuery {
+        range: Some(range),
+        only: None,
+    };
+    let export_type = pipeline.spec.export_type.clone();
+    let name = pipeline.spec.name.clone();
+    let rows = &mut section.rows;
+    let read = status(Some(store), pipeline, status_query, now, |item| {
+        add_cell(rows, pipeline, &name, &export_type, &item);
+    })
+    .await;
+    if let Err(e) = read {
+        section.error = Some(e.to_string());
+    }
+    section
+}
+
+/// The periods a section shows, and whether the asked range was cut.
+/// `None`: no period is due yet (and none was asked).
+fn range_of(
+    pipeline: &Pipeline,
+    query: &GridQuery,
+    count: usize,
+    now: DateTime<Utc>,
+) -> Result<Option<((Period, Period), bool)>, Error> {
+    let text = |t: &Option<String>| t.clone().filter(|t| !t.trim().is_empty());
+    match (text(&query.from), text(&query.to)) {
+        (Some(from), Some(to)) => {
+            let (from, to) = pipeline.period_range_named(("from", &from), ("to", &to))?;
+            let last = Period::range_inclusive(from, to)
+                .take(MAX_PERIODS)
+                .last()
+                .unwrap_or(from);
+            Ok(Some(((from, last), last != to)))
+        }
+        (Some(from), None) => {
+            let from = pipeline.period_arg("from", &from)?;
+            let last = Period::range_inclusive(from, far_future(&from))
+                .take(count)
+                .last()
+                .unwrap_or(from);
+            Ok(Some(((from, last), false)))
+        }
+        (None, Some(to)) => {
+            let to = pipeline.period_arg("to", &to)?;
+            Ok(Some(((back(&to, count, None), to), false)))
+        }
+        (None, None) => Ok(last_due(pipeline, now)
+            .map(|to| ((back(&to, count, pipeline.first_period), to), false))),
+    }
+}
+
+/// The last period due at `now`, if any is (none before `period.start`).
+fn last_due(pipeline: &Pipeline, now: DateTime<Utc>) -> Option<Period> {
+    let lag = chrono::Duration::from_std(pipeline.lag).ok()?;
+    let at = now.checked_sub_signed(lag)?;
+    let spec = &pipeline.spec.period;
+    let mut period = Period::containing_instant(spec.granularity, spec.timezone, at);
+    if !pipeline.is_due(&period, now) {
+        period = previous(&period)?;
+    }
+    match pipeline.first_period {
+        Some(first) if first.start() > period.start() => None,
+        _ => Some(period),
+    }
+}
+
+/// The first of the `count` periods ending with `to`, not before `first`.
+fn back(to: &Period, count: usize, first: Option<Period>) -> Period {
+    let mut period = *to;
+    for _ in 1..count {
+        if first.is_some_and(|f| f.start() >= period.start()) {
+            break;
+        }
+        match previous(&period) {
+            Some(p) => period = p,
+            None => break,
+        }
+    }
+    period
+}
+
+/// The period before `period`, if the calendar has one.
+fn previous(period: &Period) -> Option<Period> {
+    let before = period
+        .start()
+        .with_timezone(&Utc)
+        .checked_sub_signed(chrono::Duration::seconds(1))?;
+    let p = Period::containing_instant(period.granularity(), period.timezone(), before);
+    (p.start() < period.start()).then_some(p)
+}
+
+/// A bound for an open-ended walk forward (it is cut by a count).
+fn far_future(from: &Period) -> Period {
+    let mut far = *from;
+    for _ in 0..MAX_PERIODS {
+        far = far.next();
+    }
+    far
+}
+
+fn add_cell(
+    rows: &mut BTreeMap<(bool, String, String), Row>,
+    pipeline: &Pipeline,
+    name: &str,
+    export_type: &str,
+    item: &StatusItem,
+) {
+    let state = PeriodState::of(item);
+    let (source, export, period) = match item {
+        StatusItem::Recorded { entry, .. } => {
+            let spec = &pipeline.spec.period;
+            let start = DateTime::parse_from_rfc3339(&entry.period_start)
+                .map(|at| at.with_timezone(&Utc))
+                .unwrap_or_default();
+            (
+                entry.source.as_str(),
+                entry.export_type.as_str(),
+                Period::from_start(spec.granularity, spec.timezone, start),
+            )
+        }
+        StatusItem::Missing {
+            source,
+            export_type,
+            period,
+            ..
+        } => (source.as_str(), export_type.as_str(), *period),
+    };
+    let mut title = format!("{} · {source} · {state}", period.label());
+    if let (PeriodState::Retrying, StatusItem::Recorded { entry, .. }) = (state, item) {
+        if let Some(until) = &entry.not_before {
+            title.push_str(&format!(" until {until}"));
+        }
+    }
+    let mut href = period_href(name, source, &period);
+    if export != export_type {
+        href.push_str("?export=");
+        href.extend(percent_encoding::utf8_percent_encode(
+            export,
+            percent_encoding::NON_ALPHANUMERIC,
+        ));
+    }
+    let row = rows
+        .entry((export != export_type, source.to_string(), export.to_string()))
+        .or_default();
+    *row.counts.entry(state.as_str()).or_default() += 1;
+    row.cells.push(Cell { state, href, title });
+}
+
+fn range_form(query: &GridQuery, count: usize) -> Markup {
+    let value = |t: &Option<String>| t.clone().unwrap_or_default();
+    html! {
+        form.range method="get" action="/" {
+            label { "last " input type="number" name="last" min="1" max=(MAX_PERIODS) value=(count); }
+            label { " or from " input type="text" name="from" placeholder="2024-01-01" value=(value(&query.from)); }
+            label { " to " input type="text" name="to" placeholder="2024-03-31" value=(value(&query.to)); }
+            @if let Some(p) = &query.pipeline { input type="hidden" name="pipeline" value=(p); }
+            " " button type="submit" { "Show" }
+        }
+    }
+}
+
+fn render_section(s: &Section) -> Markup {
+    html! {
+        section.pipeline id={"p-" (s.name)} {
+            h2 {
+                a href={"/?pipeline=" (percent_encoding::utf8_percent_encode(&s.name, percent_encoding::NON_ALPHANUMERIC))} { (s.name) }
+                @if let Some((from, to)) = &s.range {
+                    span.range { " " (from.label()) " to " (to.label()) }
+                }
+            }
+            @for note in &s.notes { p.note { (note) } }
+            @if let Some(error) = &s.error { p.error { (error) } }
+            @for ((_, source, export), row) in &s.rows {
+                div.row {
+                    div.source {
+                        span.name { (source) }
+                        @if s.rows.keys().any(|(_, _, e)| e != export) { span.export { " (" (export) ")" } }
+                        span.counts {
+                            @for (state, n) in &row.counts { span class={"count s-" (state)} { (n) " " (state) } " " }
+                        }
+                    }
+                    div.cells {
+                        @for cell in &row.cells {
+                            a class={"cell s-" (cell.state)} href=(cell.href) title=(cell.title) {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn legend() -> Markup {
+    html! {
+        section.legend {
+            h2 { "Legend" }
+            ul {
+                @for state in PeriodState::ALL {
+                    li { span class={"swatch s-" (state)} {} b { (state) } ": " (state.meaning()) }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_bounded_and_bad_text_is_told() {
+        assert_eq!(count_of(None).0, DEFAULT_PERIODS);
+        assert_eq!(count_of(Some("7")), (7, Vec::new()));
+        let (n, notes) = count_of(Some("999999"));
+        assert_eq!(n, MAX_PERIODS);
+        assert_eq!(notes.len(), 1);
+        for bad in ["0", "-3", "lots", "1e9"] {
+            let (n, notes) = count_of(Some(bad));
+            assert_eq!((n, notes.len()), (DEFAULT_PERIODS, 1), "{bad}");
+        }
+    }
+
+    #[test]
+    fn previous_steps_back_across_a_dst_change() {
+        let berlin: chrono_tz::Tz = "Europe/Berlin".parse().expect("a zone");
+        let g = tidemark_core::Granularity::Hour;
+        let second = Period::parse("2024-10-27T02:00:00+01:00", g, berlin).expect("an hour");
+        let first = previous(&second).expect("an hour before");
+        assert_eq!(first.start_rfc3339(), "2024-10-27T02:00:00+02:00");
+        assert_eq!(back(&second, 3, None).start_rfc3339(), "2024-10-27T01:00:00+02:00");
+        assert_eq!(back(&second, 3, Some(first)), first);
+    }
+}
