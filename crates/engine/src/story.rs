@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use tidemark_load::{AttemptEntry, AttemptStatus, LedgerEntry, RunStatus};
+use tidemark_load::{AttemptEntry, AttemptStatus, GridRow, LedgerEntry, RunStatus};
 
 use crate::status::StatusItem;
 
@@ -66,13 +66,40 @@ impl PeriodState {
 
     /// The state of a ledger row (its staleness judged already).
     pub fn of_entry(entry: &LedgerEntry) -> PeriodState {
-        match entry.status {
-            RunStatus::Done if entry.marked.is_some() => PeriodState::Marked,
-            RunStatus::Done if entry.stale => PeriodState::Stale,
-            RunStatus::Done if entry.provisional => PeriodState::Provisional,
+        PeriodState::of_parts(
+            entry.status,
+            entry.marked.is_some(),
+            entry.stale,
+            entry.provisional,
+            entry.backing_off,
+        )
+    }
+
+    /// The state of a grid row, `stale` as judged against the pipeline.
+    pub fn of_row(row: &GridRow, stale: bool) -> PeriodState {
+        PeriodState::of_parts(
+            row.status,
+            row.marked.is_some(),
+            stale,
+            row.provisional,
+            row.backing_off,
+        )
+    }
+
+    fn of_parts(
+        status: RunStatus,
+        marked: bool,
+        stale: bool,
+        provisional: bool,
+        backing_off: bool,
+    ) -> PeriodState {
+        match status {
+            RunStatus::Done if marked => PeriodState::Marked,
+            RunStatus::Done if stale => PeriodState::Stale,
+            RunStatus::Done if provisional => PeriodState::Provisional,
             RunStatus::Done => PeriodState::Done,
             RunStatus::Running => PeriodState::Running,
-            RunStatus::Failed | RunStatus::Pending if entry.backing_off => PeriodState::Retrying,
+            RunStatus::Failed | RunStatus::Pending if backing_off => PeriodState::Retrying,
             RunStatus::Failed => PeriodState::Failed,
             RunStatus::Pending => PeriodState::Pending,
             RunStatus::Cancelled => PeriodState::Cancelled,

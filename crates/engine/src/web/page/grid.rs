@@ -8,11 +8,12 @@
 //! pipeline. At most [`MAX_PERIODS`] periods per pipeline: a longer range
 //! is cut, and the page says so.
 //!
-//! One ledger read per pipeline for the whole range (the status stream of
-//! [`crate::status::status`], which also merges in the periods the ledger
-//! has no row for): never a query per cell.
+//! One ledger read per pipeline for the whole range, of only the columns
+//! a cell needs ([`tidemark_load::Store::grid_each`]); the periods the
+//! ledger has no row for are `missing` (or `not-due`): never a query per
+//! cell.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
@@ -21,9 +22,9 @@ use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 use serde::Deserialize;
 use tidemark_core::{Error, Period, Pipeline};
+use tidemark_load::{stale_reason, RunStatus, StartRange};
 
-use super::{layout, period_href};
-use crate::status::{status, StatusItem, StatusQuery};
+use super::{layout, period_prefix, period_segment};
 use crate::story::PeriodState;
 use crate::web::WebState;
 
@@ -31,6 +32,11 @@ use crate::web::WebState;
 pub const DEFAULT_PERIODS: usize = 90;
 /// The most periods shown per pipeline.
 pub const MAX_PERIODS: usize = 10_000;
+
+/// Cells per chunk of a row: the browser lays out and paints only the
+/// chunks on screen (`content-visibility: auto`), so a row of 10,000
+/// periods costs little more than the screenful shown.
+const CHUNK: usize = 100;
 
 /// The query string of `/`; every field is text, so a bad value is told on
 /// the page rather than refused by the extractor.
@@ -154,22 +160,125 @@ async fn section(
         }
     };
     section.range = Some(range);
-    let store = state.view.engine().store();
-    let status_query = StatusQuery {
-        range: Some(range),
-        only: None,
-    };
-    let export_type = pipeline.spec.export_type.clone();
-    let name = pipeline.spec.name.clone();
-    let rows = &mut section.rows;
-    let read = status(Some(store), pipeline, status_query, now, |item| {
-        add_cell(rows, pipeline, &name, &export_type, &item);
-    })
-    .await;
-    if let Err(e) = read {
-        section.error = Some(e.to_string());
+    match cells_of(state, pipeline, range, now).await {
+        Ok(rows) => section.rows = rows,
+        Err(e) => section.error = Some(e.to_string()),
     }
     section
+}
+
+/// A period of the range, with what every row's cell of it shows.
+struct Shown {
+    period: Period,
+    label: String,
+    segment: String,
+}
+
+/// A recorded key's state, and its `not_before` when retrying.
+type Recorded = (PeriodState, Option<String>);
+
+/// The rows of a section: one read of the ledger over the range (only what
+/// a cell needs), then one cell per period of the range and source, from
+/// the rows read or, where the ledger has none, `missing` or `not-due`.
+async fn cells_of(
+    state: &WebState,
+    pipeline: &Pipeline,
+    (from, to): (Period, Period),
+    now: DateTime<Utc>,
+) -> Result<BTreeMap<(bool, String, String), Row>, Error> {
+    let periods: Vec<Shown> = Period::range_inclusive(from, to)
+        .map(|period| Shown {
+            label: period.label(),
+            segment: period_segment(&period),
+            period,
+        })
+        .collect();
+    let (first, last) = (from.start_rfc3339(), to.start_rfc3339());
+    let range = StartRange {
+        from: Some(&first),
+        to: Some(&last),
+    };
+    let current = &pipeline.spec.export_type;
+    let fields = pipeline.fields_fingerprint();
+    let mut stale_of: HashMap<(Option<String>, Option<String>), bool> = HashMap::new();
+    let mut recorded: HashMap<(String, String), HashMap<i64, Recorded>> = HashMap::new();
+    let store = state.view.engine().store();
+    store
+        .grid_each(&pipeline.spec.name, range, |row| {
+            let Ok(at) = DateTime::parse_from_rfc3339(&row.period_start) else {
+                return Ok(());
+            };
+            let stale = row.status == RunStatus::Done
+                && *stale_of
+                    .entry((row.handler_version.clone(), row.fields_fingerprint.clone()))
+                    .or_insert_with(|| {
+                        stale_reason(
+                            row.handler_version.as_deref(),
+                            row.fields_fingerprint.as_deref(),
+                            &pipeline.spec.version,
+                            &fields,
+                        )
+                        .is_some()
+                    });
+            let cell_state = PeriodState::of_row(&row, stale);
+            let until = (cell_state == PeriodState::Retrying)
+                .then_some(row.not_before)
+                .flatten();
+            recorded
+                .entry((row.source, row.export_type))
+                .or_default()
+                .insert(at.timestamp(), (cell_state, until));
+            Ok(())
+        })
+        .await?;
+    let mut sources = crate::catalog::source_ids(pipeline, None)?;
+    sources.sort();
+    for source in sources {
+        recorded.entry((source, current.clone())).or_default();
+    }
+    let mut rows = BTreeMap::new();
+    for ((source, export), keys) in recorded {
+        let row = row_of(pipeline, &periods, &source, &export, &keys, now);
+        rows.insert((&export != current, source, export), row);
+    }
+    Ok(rows)
+}
+
+/// One row of cells over `periods`.
+fn row_of(
+    pipeline: &Pipeline,
+    periods: &[Shown],
+    source: &str,
+    export: &str,
+    keys: &HashMap<i64, Recorded>,
+    now: DateTime<Utc>,
+) -> Row {
+    let mut row = Row::default();
+    let suffix = if export == pipeline.spec.export_type {
+        String::new()
+    } else {
+        format!(
+            "?export={}",
+            percent_encoding::utf8_percent_encode(export, percent_encoding::NON_ALPHANUMERIC)
+        )
+    };
+    let prefix = period_prefix(&pipeline.spec.name, source);
+    for shown in periods {
+        let (state, until) = match keys.get(&shown.period.start().timestamp()) {
+            Some((state, until)) => (*state, until.as_deref()),
+            None if pipeline.is_due(&shown.period, now) => (PeriodState::Missing, None),
+            None => (PeriodState::NotDue, None),
+        };
+        let mut title = format!("{} {state}", shown.label);
+        if let Some(until) = until {
+            title.push_str(" until ");
+            title.push_str(until);
+        }
+        let href = format!("{prefix}{}{suffix}", shown.segment);
+        *row.counts.entry(state.as_str()).or_default() += 1;
+        row.cells.push(Cell { state, href, title });
+    }
+    row
 }
 
 /// The periods a section shows, and whether the asked range was cut.
@@ -256,54 +365,6 @@ fn far_future(from: &Period) -> Period {
     far
 }
 
-fn add_cell(
-    rows: &mut BTreeMap<(bool, String, String), Row>,
-    pipeline: &Pipeline,
-    name: &str,
-    export_type: &str,
-    item: &StatusItem,
-) {
-    let state = PeriodState::of(item);
-    let (source, export, period) = match item {
-        StatusItem::Recorded { entry, .. } => {
-            let spec = &pipeline.spec.period;
-            let start = DateTime::parse_from_rfc3339(&entry.period_start)
-                .map(|at| at.with_timezone(&Utc))
-                .unwrap_or_default();
-            (
-                entry.source.as_str(),
-                entry.export_type.as_str(),
-                Period::from_start(spec.granularity, spec.timezone, start),
-            )
-        }
-        StatusItem::Missing {
-            source,
-            export_type,
-            period,
-            ..
-        } => (source.as_str(), export_type.as_str(), *period),
-    };
-    let mut title = format!("{} · {source} · {state}", period.label());
-    if let (PeriodState::Retrying, StatusItem::Recorded { entry, .. }) = (state, item) {
-        if let Some(until) = &entry.not_before {
-            title.push_str(&format!(" until {until}"));
-        }
-    }
-    let mut href = period_href(name, source, &period);
-    if export != export_type {
-        href.push_str("?export=");
-        href.extend(percent_encoding::utf8_percent_encode(
-            export,
-            percent_encoding::NON_ALPHANUMERIC,
-        ));
-    }
-    let row = rows
-        .entry((export != export_type, source.to_string(), export.to_string()))
-        .or_default();
-    *row.counts.entry(state.as_str()).or_default() += 1;
-    row.cells.push(Cell { state, href, title });
-}
-
 fn range_form(query: &GridQuery, count: usize) -> Markup {
     let value = |t: &Option<String>| t.clone().unwrap_or_default();
     html! {
@@ -338,8 +399,12 @@ fn render_section(s: &Section) -> Markup {
                         }
                     }
                     div.cells {
-                        @for cell in &row.cells {
-                            a class={"cell s-" (cell.state)} href=(cell.href) title=(cell.title) {}
+                        @for chunk in row.cells.chunks(CHUNK) {
+                            span.chunk {
+                                @for cell in chunk {
+                                    a class={"cell s-" (cell.state)} href=(cell.href) title=(cell.title) {}
+                                }
+                            }
                         }
                     }
                 }

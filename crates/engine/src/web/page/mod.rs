@@ -81,30 +81,37 @@ fn period_key(period: &Period) -> String {
     }
 }
 
-/// The path of a period's page. Names are percent-encoded as one path
-/// segment each (a source id may hold any character).
-fn period_href(pipeline: &str, source: &str, period: &Period) -> String {
-    use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
-    const SEGMENT: &AsciiSet = &CONTROLS
-        .add(b' ')
-        .add(b'"')
-        .add(b'#')
-        .add(b'%')
-        .add(b'/')
-        .add(b'<')
-        .add(b'>')
-        .add(b'?')
-        .add(b'`')
-        .add(b'{')
-        .add(b'}')
-        .add(b'\\')
-        .add(b'+');
-    format!(
-        "/periods/{}/{}/{}",
-        utf8_percent_encode(pipeline, SEGMENT),
-        utf8_percent_encode(source, SEGMENT),
-        utf8_percent_encode(&period_key(period), SEGMENT),
-    )
+/// What a path segment must not hold as it is.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'/')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}')
+    .add(b'\\')
+    .add(b'+');
+
+/// `text` as one path segment.
+fn segment(text: &str) -> percent_encoding::PercentEncode<'_> {
+    percent_encoding::utf8_percent_encode(text, SEGMENT)
+}
+
+/// `/periods/PIPELINE/SOURCE/`, to which a period's [`period_segment`] is
+/// added. Names are percent-encoded as one path segment each (a source id
+/// may hold any character).
+fn period_prefix(pipeline: &str, source: &str) -> String {
+    format!("/periods/{}/{}/", segment(pipeline), segment(source))
+}
+
+/// The period's [`period_key`] as a path segment.
+fn period_segment(period: &Period) -> String {
+    segment(&period_key(period)).to_string()
 }
 
 #[cfg(test)]
@@ -132,7 +139,7 @@ mod tests {
         let utc: chrono_tz::Tz = "UTC".parse().expect("a zone");
         let hour = Period::parse("2024-01-01T05", Granularity::Hour, utc).expect("an hour");
         assert_eq!(
-            period_href("p", "a/b c", &hour),
+            format!("{}{}", period_prefix("p", "a/b c"), period_segment(&hour)),
             "/periods/p/a%2Fb%20c/2024-01-01T05:00:00%2B00:00"
         );
     }
