@@ -200,7 +200,7 @@ async fn page_shows_a_failed_day_and_its_story(backend: Backend) {
         format!("http://logs.test/q?run={run_id}&try=1&at=2024-01-05T00%3A00%3A00Z"),
         "{row}"
     );
-    browser.shoot(1100, 520, &shots.join("page-period.png")).await;
+    browser.shoot(1100, 760, &shots.join("page-period.png")).await;
 
     // A rejected value is text on the page, never markup.
     c.goto(&format!("{base}/periods/p/a/2024-01-03"))
@@ -464,7 +464,13 @@ impl Browser {
             .expect("set the window size");
         let png = self.client.screenshot().await.expect("screenshot");
         assert!(png.starts_with(b"\x89PNG"), "a PNG");
-        std::fs::write(path, png).expect("write the screenshot");
+        // Written whole, then renamed: the two backends' tests may write
+        // the same name at once.
+        static SHOTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SHOTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let partial = path.with_extension(format!("{n}.partial"));
+        std::fs::write(&partial, png).expect("write the screenshot");
+        std::fs::rename(&partial, path).expect("rename the screenshot");
         println!("screenshot: {}", path.display());
     }
 

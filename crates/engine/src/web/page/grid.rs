@@ -395,7 +395,9 @@ fn render_section(s: &Section) -> Markup {
                         span.name { (source) }
                         @if s.rows.keys().any(|(_, _, e)| e != export) { span.export { " (" (export) ")" } }
                         span.counts {
-                            @for (state, n) in &row.counts { span class={"count s-" (state)} { (n) " " (state) } " " }
+                            @for (state, n) in &row.counts {
+                                span.count { span class={"swatch s-" (state)} {} (n) " " (state) }
+                            }
                         }
                     }
                     div.cells {

@@ -167,7 +167,7 @@ fn key_facts(e: &LedgerEntry, state: PeriodState) -> Markup {
     let expected_differs = c.rows_expected.is_some_and(|n| n != c.rows_read);
     html! {
         table.facts {
-            tr { th { "status" } td { (e.status) @if state != PeriodState::Done { " (" (state) ")" } } }
+            tr { th { "status" } td { (e.status) @if state.as_str() != e.status.as_str() { " (" (state) ")" } } }
             tr { th { "export type" } td { (e.export_type) } }
             tr { th { "attempts" } td { (e.attempts) } }
             @if let Some(run_id) = &e.run_id { tr { th { "run id" } td.mono { (run_id) } } }
