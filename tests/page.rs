@@ -91,10 +91,25 @@ async fn page_shows_a_failed_day_and_its_story(backend: Backend) {
             "id,v\nr1,1\nr2,x<b>y\nr3,3\n",
         );
     }
-    env.tidemark(&["backfill", "p", "--from", "2024-01-01", "--to", "2024-01-20"])
-        .expect_code(1, "backfill with source a failing on the 5th");
     env.tidemark(&[
-        "mark", "p", "--from", "2024-01-21", "--to", "2024-01-25", "--as", "skipped", "--note",
+        "backfill",
+        "p",
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2024-01-20",
+    ])
+    .expect_code(1, "backfill with source a failing on the 5th");
+    env.tidemark(&[
+        "mark",
+        "p",
+        "--from",
+        "2024-01-21",
+        "--to",
+        "2024-01-25",
+        "--as",
+        "skipped",
+        "--note",
         "holiday",
     ])
     .expect_code(0, "mark the 21st to the 25th skipped");
@@ -132,7 +147,9 @@ async fn page_shows_a_failed_day_and_its_story(backend: Backend) {
 
     // Once the back-off is over (the database's clock decides), it is failed.
     env.db
-        .execute("UPDATE _tm_runs SET not_before = '2000-01-01T00:00:00.000Z' WHERE status = 'failed'")
+        .execute(
+            "UPDATE _tm_runs SET not_before = '2000-01-01T00:00:00.000Z' WHERE status = 'failed'",
+        )
         .await;
     c.goto(&format!("{base}/")).await.expect("reload the grid");
     let grid = cells(c).await;
@@ -200,7 +217,9 @@ async fn page_shows_a_failed_day_and_its_story(backend: Backend) {
         format!("http://logs.test/q?run={run_id}&try=1&at=2024-01-05T00%3A00%3A00Z"),
         "{row}"
     );
-    browser.shoot(1100, 760, &shots.join("page-period.png")).await;
+    browser
+        .shoot(1100, 760, &shots.join("page-period.png"))
+        .await;
 
     // A rejected value is text on the page, never markup.
     c.goto(&format!("{base}/periods/p/a/2024-01-03"))
@@ -230,7 +249,10 @@ async fn page_shows_a_failed_day_and_its_story(backend: Backend) {
     ] {
         let (code, body) = http_get(&base, path);
         assert_eq!(code, 404, "{path}: {body}");
-        assert!(body.contains(&names.replace('"', "&quot;")), "{path}: {body}");
+        assert!(
+            body.contains(&names.replace('"', "&quot;")),
+            "{path}: {body}"
+        );
     }
     let (code, body) = http_get(&base, "/?last=lots&from=2024-13-01");
     assert_eq!(code, 200, "{body}");
@@ -257,7 +279,15 @@ async fn page_renders_ten_thousand_periods(backend: Backend) {
             ),
     );
     env.tidemark(&[
-        "mark", "p", "--from", "2000-01-01", "--to", "2027-05-19", "--as", "done", "--note",
+        "mark",
+        "p",
+        "--from",
+        "2000-01-01",
+        "--to",
+        "2027-05-19",
+        "--as",
+        "done",
+        "--note",
         "adopted",
     ])
     .expect_code(0, "mark 10,000 days");
@@ -300,7 +330,14 @@ async fn page_renders_ten_thousand_periods(backend: Backend) {
 /// ledger stays as the test left it); its base URL once it answers.
 fn serve(env: &Env, extra: &[&str]) -> (Running, String) {
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut args = vec!["serve", "--no-schedule", "--workers", "1", "--listen", &addr];
+    let mut args = vec![
+        "serve",
+        "--no-schedule",
+        "--workers",
+        "1",
+        "--listen",
+        &addr,
+    ];
     args.extend_from_slice(extra);
     let mut running = env.spawn(&args);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -380,7 +417,10 @@ fn states(grid: &Json) -> Vec<(String, Vec<String>)> {
                     class.strip_prefix("cell s-").unwrap_or(class).to_string()
                 })
                 .collect();
-            (row["source"].as_str().unwrap_or_default().to_string(), states)
+            (
+                row["source"].as_str().unwrap_or_default().to_string(),
+                states,
+            )
         })
         .collect()
 }

@@ -29,10 +29,10 @@ use ledger::flow;
 
 pub use ledger::preview::{KeyRef, KeyRow, Preview};
 pub use ledger::{
-    process_is_gone, AttemptEntry, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue,
-    EnqueuedBy, GridRow, HeldKey, History, Lease, LedgerEntry, Mark, MarkAs, Marked, QueueKey,
-    QueuePipeline, QueuedRun, RejectEntry, RunStatus, stale_reason, StartRange, StoredClass, UnknownClass,
-    UnknownState, WorkerId, FIRST_REJECTS,
+    process_is_gone, stale_reason, AttemptEntry, AttemptStatus, Claim, ClaimRequest, ClaimedRun,
+    Counts, Enqueue, EnqueuedBy, GridRow, HeldKey, History, Lease, LedgerEntry, Mark, MarkAs,
+    Marked, QueueKey, QueuePipeline, QueuedRun, RejectEntry, RunStatus, StartRange, StoredClass,
+    UnknownClass, UnknownState, WorkerId, FIRST_REJECTS,
 };
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter, WriterOptions};

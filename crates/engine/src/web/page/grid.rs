@@ -48,6 +48,13 @@ pub(super) struct GridQuery {
     pipeline: Option<String>,
 }
 
+/// The first and last period shown.
+type Range = (Period, Period);
+
+/// The rows of a section: the pipeline's current export type first, then
+/// by source and export type.
+type Rows = BTreeMap<(bool, String, String), Row>;
+
 /// One cell.
 struct Cell {
     state: PeriodState,
@@ -66,9 +73,9 @@ struct Row {
 /// What one pipeline's section shows.
 struct Section {
     name: String,
-    range: Option<(Period, Period)>,
+    range: Option<Range>,
     notes: Vec<String>,
-    rows: BTreeMap<(bool, String, String), Row>,
+    rows: Rows,
     error: Option<String>,
 }
 
@@ -185,7 +192,7 @@ async fn cells_of(
     pipeline: &Pipeline,
     (from, to): (Period, Period),
     now: DateTime<Utc>,
-) -> Result<BTreeMap<(bool, String, String), Row>, Error> {
+) -> Result<Rows, Error> {
     let periods: Vec<Shown> = Period::range_inclusive(from, to)
         .map(|period| Shown {
             label: period.label(),
@@ -288,7 +295,7 @@ fn range_of(
     query: &GridQuery,
     count: usize,
     now: DateTime<Utc>,
-) -> Result<Option<((Period, Period), bool)>, Error> {
+) -> Result<Option<(Range, bool)>, Error> {
     let text = |t: &Option<String>| t.clone().filter(|t| !t.trim().is_empty());
     match (text(&query.from), text(&query.to)) {
         (Some(from), Some(to)) => {
@@ -452,7 +459,10 @@ mod tests {
         let second = Period::parse("2024-10-27T02:00:00+01:00", g, berlin).expect("an hour");
         let first = previous(&second).expect("an hour before");
         assert_eq!(first.start_rfc3339(), "2024-10-27T02:00:00+02:00");
-        assert_eq!(back(&second, 3, None).start_rfc3339(), "2024-10-27T01:00:00+02:00");
+        assert_eq!(
+            back(&second, 3, None).start_rfc3339(),
+            "2024-10-27T01:00:00+02:00"
+        );
         assert_eq!(back(&second, 3, Some(first)), first);
     }
 }

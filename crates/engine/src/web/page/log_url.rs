@@ -36,7 +36,9 @@ enum Part {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LogUrlError {
     /// A `{name}` that is none of [`PLACEHOLDERS`].
-    #[error("unknown placeholder {{{0}}} (known: {{run_id}}, {{attempt}}, {{pipeline}}, {{period}})")]
+    #[error(
+        "unknown placeholder {{{0}}} (known: {{run_id}}, {{attempt}}, {{pipeline}}, {{period}})"
+    )]
     Unknown(String),
     /// A `{` without its `}`.
     #[error("a `{{` is not closed")]
@@ -143,8 +145,9 @@ mod tests {
 
     #[test]
     fn placeholders_are_filled_and_encoded() {
-        let url = LogUrl::parse("https://logs/q?run={run_id}&try={attempt}&p={pipeline}&at={period}")
-            .expect("a valid template");
+        let url =
+            LogUrl::parse("https://logs/q?run={run_id}&try={attempt}&p={pipeline}&at={period}")
+                .expect("a valid template");
         assert_eq!(
             url.render(VALUES),
             "https://logs/q?run=ab12&try=2&p=orders%20eu&at=2024-10-27T02%3A00%3A00%2B01%3A00"

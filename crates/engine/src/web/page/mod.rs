@@ -130,17 +130,21 @@ mod tests {
         ] {
             let period = Period::parse(text, granularity, berlin).expect("a period");
             let key = period_key(&period);
-            assert_eq!(Period::parse(&key, granularity, berlin), Ok(period), "{key}");
+            assert_eq!(
+                Period::parse(&key, granularity, berlin),
+                Ok(period),
+                "{key}"
+            );
         }
     }
 
     #[test]
     fn hrefs_keep_offsets_and_odd_names_in_one_segment() {
-        let utc: chrono_tz::Tz = "UTC".parse().expect("a zone");
-        let hour = Period::parse("2024-01-01T05", Granularity::Hour, utc).expect("an hour");
+        let berlin: chrono_tz::Tz = "Europe/Berlin".parse().expect("a zone");
+        let hour = Period::parse("2024-01-01T05", Granularity::Hour, berlin).expect("an hour");
         assert_eq!(
             format!("{}{}", period_prefix("p", "a/b c"), period_segment(&hour)),
-            "/periods/p/a%2Fb%20c/2024-01-01T05:00:00%2B00:00"
+            "/periods/p/a%2Fb%20c/2024-01-01T05:00:00%2B01:00"
         );
     }
 }

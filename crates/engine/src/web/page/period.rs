@@ -97,19 +97,25 @@ async fn find(
     };
     let mut found = None;
     let store = state.view.engine().store();
-    status(Some(store), pipeline, query, state.view.engine().now(), |item| {
-        let (s, e) = match &item {
-            StatusItem::Recorded { entry, .. } => (&entry.source, &entry.export_type),
-            StatusItem::Missing {
-                source,
-                export_type,
-                ..
-            } => (source, export_type),
-        };
-        if s == source && e == export_type && found.is_none() {
-            found = Some(item);
-        }
-    })
+    status(
+        Some(store),
+        pipeline,
+        query,
+        state.view.engine().now(),
+        |item| {
+            let (s, e) = match &item {
+                StatusItem::Recorded { entry, .. } => (&entry.source, &entry.export_type),
+                StatusItem::Missing {
+                    source,
+                    export_type,
+                    ..
+                } => (source, export_type),
+            };
+            if s == source && e == export_type && found.is_none() {
+                found = Some(item);
+            }
+        },
+    )
     .await?;
     Ok(found)
 }
