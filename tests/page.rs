@@ -145,6 +145,14 @@ async fn page_shows_a_failed_day_and_its_story(backend: Backend) {
         "a retrying cell says until when: {retrying}"
     );
 
+    // Its page says when the queue runs it again.
+    let (code, body) = http_get(&base, "/periods/p/a/2024-01-05");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("retrying: the queue runs it again from"),
+        "the back-off's not_before: {body}"
+    );
+
     // Once the back-off is over (the database's clock decides), it is failed.
     env.db
         .execute(
@@ -258,6 +266,27 @@ async fn page_shows_a_failed_day_and_its_story(backend: Backend) {
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("not a count of periods"), "{body}");
     browser.close().await;
+}
+
+/// A log URL template naming a placeholder it does not know is refused
+/// when `serve` starts (a usage error naming it), before any database is
+/// touched: a typo would otherwise give dead links on every page.
+#[test]
+fn serve_refuses_a_log_url_with_an_unknown_placeholder() {
+    let env = Env::sqlite();
+    env.write("pipelines/p.toml", PIPELINE);
+    let out = env.tidemark(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--log-url",
+        "https://logs.test/?run={runid}",
+    ]);
+    out.expect_code(2, "an unknown placeholder");
+    assert!(out.stderr.contains("{runid}"), "{out}");
+    let out = env.tidemark(&["serve", "--log-url", "https://logs.test/?run={run_id}"]);
+    out.expect_code(2, "--log-url without --listen");
+    assert!(out.stderr.contains("--listen"), "{out}");
 }
 
 /// A ledger of 10,000 daily periods (marked done through the real binary)
