@@ -27,11 +27,12 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value as Json};
 
-use crate::support::{backend_tests, repo_root, Backend, Env, Running};
+use crate::support::{backend_tests, repo_root, Backend, Env, FifoWriter, Running};
 
 backend_tests! {
     page_shows_a_failed_day_and_its_story: page_shows_a_failed_day_and_its_story_sqlite, page_shows_a_failed_day_and_its_story_postgres;
     page_renders_ten_thousand_periods: page_renders_ten_thousand_periods_sqlite, page_renders_ten_thousand_periods_postgres;
+    period_page_tells_a_lost_attempt_and_its_resumption: period_page_tells_a_lost_attempt_and_its_resumption_sqlite, period_page_tells_a_lost_attempt_and_its_resumption_postgres;
 }
 
 /// Daily periods from two CSV sources: `a` needs a file per day
@@ -266,6 +267,83 @@ async fn page_shows_a_failed_day_and_its_story(backend: Backend) {
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("not a count of periods"), "{body}");
     browser.close().await;
+}
+
+/// After a `kill -9` of a run that had committed two batches and a re-run
+/// that resumed it, the period page names attempt 1 `lost` and attempt 2
+/// `done`, `resumed from batch 2`, each with its own worker pid, as
+/// `status --period` does; and the rejected record with its reason.
+async fn period_page_tells_a_lost_attempt_and_its_resumption(backend: Backend) {
+    let env = Env::new(backend).await;
+    env.write(
+        "pipelines/p.toml",
+        &PIPELINE
+            .replace("max_rejects = 5", "max_rejects = 5\nbatch_size = 5")
+            .replace("data/a/", "data/"),
+    );
+    env.tidemark(&["migrate"]).expect_code(0, "migrate");
+    let rows: Vec<String> = (1..=20)
+        .map(|i| match i {
+            3 => "r03,three".to_string(),
+            _ => format!("r{i:02},{i}"),
+        })
+        .collect();
+    let path = env.path("pipelines/data/2024-01-08.csv");
+    let fifo = FifoWriter::create(&path);
+    let run1 = env.spawn(&["run", "p", "--source", "a", "--period", "2024-01-08"]);
+    let pid1 = run1.pid();
+    fifo.write(&format!("id,v\n{}\n", rows[..12].join("\n")));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let batches = if env.db.table_exists("_tm_runs").await {
+            env.db
+                .select(&["batches"], "FROM _tm_runs WHERE source = 'a'")
+                .await
+        } else {
+            Vec::new()
+        };
+        if batches.first().and_then(|r| r[0].as_deref()) == Some("2") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "two batches not committed: {batches:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    run1.kill9();
+    drop(fifo);
+    std::fs::remove_file(&path).expect("remove the FIFO");
+    env.write(
+        "pipelines/data/2024-01-08.csv",
+        &format!("id,v\n{}\n", rows.join("\n")),
+    );
+    let run2 = env.spawn(&["run", "p", "--source", "a", "--period", "2024-01-08"]);
+    let pid2 = run2.pid();
+    run2.finish(Duration::from_secs(60))
+        .expect_code(0, "the re-run after kill -9");
+
+    let (_serve, base) = serve(&env, &[]);
+    let (code, body) = http_get(&base, "/periods/p/a/2024-01-08");
+    assert_eq!(code, 200, "{body}");
+    let rows: Vec<&str> = body.split("<tr class=\"attempt ").skip(1).collect();
+    assert_eq!(rows.len(), 2, "two attempts: {body}");
+    assert!(
+        rows[0].starts_with("o-lost") && rows[0].contains(&format!(">{pid1}<")),
+        "attempt 1 lost, on the killed worker: {}",
+        rows[0]
+    );
+    assert!(
+        rows[1].starts_with("o-done")
+            && rows[1].contains("resumed from batch 2")
+            && rows[1].contains(&format!(">{pid2}<")),
+        "attempt 2 done, resumed from batch 2, on the second worker: {}",
+        rows[1]
+    );
+    assert!(
+        body.contains("<table class=\"rejects\">") && body.contains(">three<"),
+        "the rejected record: {body}"
+    );
 }
 
 /// A log URL template naming a placeholder it does not know is refused

@@ -308,7 +308,7 @@ fn range_of(
         }
         (Some(from), None) => {
             let from = pipeline.period_arg("from", &from)?;
-            let last = Period::range_inclusive(from, far_future(&from))
+            let last = std::iter::successors(Some(from), |p| Some(p.next()))
                 .take(count)
                 .last()
                 .unwrap_or(from);
@@ -361,15 +361,6 @@ fn previous(period: &Period) -> Option<Period> {
         .checked_sub_signed(chrono::Duration::seconds(1))?;
     let p = Period::containing_instant(period.granularity(), period.timezone(), before);
     (p.start() < period.start()).then_some(p)
-}
-
-/// A bound for an open-ended walk forward (it is cut by a count).
-fn far_future(from: &Period) -> Period {
-    let mut far = *from;
-    for _ in 0..MAX_PERIODS {
-        far = far.next();
-    }
-    far
 }
 
 fn range_form(query: &GridQuery, count: usize) -> Markup {
@@ -450,6 +441,82 @@ mod tests {
             let (n, notes) = count_of(Some(bad));
             assert_eq!((n, notes.len()), (DEFAULT_PERIODS, 1), "{bad}");
         }
+    }
+
+    fn daily() -> Pipeline {
+        Pipeline::parse(
+            r#"name = "p"
+export_type = "t"
+
+[period]
+granularity = "day"
+timezone = "UTC"
+start = "2024-01-01"
+
+[[sources]]
+id = "s"
+transport = "file"
+format = "csv"
+path = "data/{period.start:%Y-%m-%d}.csv"
+
+[fields]
+id = { type = "text", required = true }
+
+[load]
+table = "p"
+key = ["id"]
+"#,
+            std::path::Path::new("pipelines/p.toml"),
+        )
+        .expect("a pipeline")
+    }
+
+    fn query(from: Option<&str>, to: Option<&str>) -> GridQuery {
+        GridQuery {
+            from: from.map(str::to_string),
+            to: to.map(str::to_string),
+            ..GridQuery::default()
+        }
+    }
+
+    fn labels(range: Option<(Range, bool)>) -> Option<(String, String, bool)> {
+        range.map(|((from, to), cut)| (from.label(), to.label(), cut))
+    }
+
+    #[test]
+    fn ranges_are_the_last_due_periods_or_the_asked_ones_bounded() {
+        let p = daily();
+        let now = "2024-02-01T12:00:00Z".parse().expect("a time");
+        let range = |q: GridQuery, n: usize| labels(range_of(&p, &q, n, now).expect("a range"));
+        let day = |from: &str, to: &str, cut: bool| Some((from.into(), to.into(), cut));
+        // The last due periods, never before period.start.
+        assert_eq!(
+            range(query(None, None), 7),
+            day("2024-01-25", "2024-01-31", false)
+        );
+        assert_eq!(
+            range(query(None, None), 90),
+            day("2024-01-01", "2024-01-31", false)
+        );
+        assert_eq!(
+            range(query(Some("2024-03-01"), None), 3),
+            day("2024-03-01", "2024-03-03", false)
+        );
+        assert_eq!(
+            range(query(None, Some("2024-03-01")), 3),
+            day("2024-02-28", "2024-03-01", false)
+        );
+        assert_eq!(
+            range(query(Some("2000-01-01"), Some("2099-12-31")), 90),
+            day("2000-01-01", "2027-05-18", true)
+        );
+        assert!(range_of(&p, &query(Some("2024-02-01"), Some("2024-01-01")), 90, now).is_err());
+        assert!(range_of(&p, &query(Some("soon"), None), 90, now).is_err());
+        let early = "2023-06-01T00:00:00Z".parse().expect("a time");
+        assert_eq!(
+            labels(range_of(&p, &query(None, None), 90, early).expect("ok")),
+            None
+        );
     }
 
     #[test]
