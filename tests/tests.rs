@@ -21,6 +21,7 @@ mod library;
 mod mark;
 mod memory_budget;
 mod ownership;
+mod page;
 mod rate_limits;
 mod scheduler;
 mod service;

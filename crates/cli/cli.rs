@@ -357,6 +357,14 @@ pub struct ServeArgs {
     /// this address, e.g. 127.0.0.1:9464. Off by default. Read-only.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<std::net::SocketAddr>,
+
+    /// Link each attempt on the period page to its logs: an http(s) URL
+    /// template naming {run_id}, {attempt}, {pipeline} and {period} (the
+    /// period's start as stored), e.g.
+    /// 'https://logs.example/explore?q=run_id%3D{run_id}'.
+    #[arg(long, value_name = "TEMPLATE", requires = "listen",
+          value_parser = |t: &str| tidemark_engine::web::LogUrl::parse(t).map_err(|e| e.to_string()))]
+    pub log_url: Option<tidemark_engine::web::LogUrl>,
 }
 
 #[derive(Debug, Args)]

@@ -52,6 +52,7 @@ mod run;
 mod service;
 mod shutdown;
 pub mod status;
+pub mod story;
 pub mod web;
 
 pub use catalog::{source_ids, Catalog};

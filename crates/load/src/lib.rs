@@ -29,10 +29,10 @@ use ledger::flow;
 
 pub use ledger::preview::{KeyRef, KeyRow, Preview};
 pub use ledger::{
-    process_is_gone, AttemptEntry, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue,
-    EnqueuedBy, HeldKey, History, Lease, LedgerEntry, Mark, MarkAs, Marked, QueueKey,
-    QueuePipeline, QueuedRun, RejectEntry, RunStatus, StartRange, StoredClass, UnknownClass,
-    UnknownState, WorkerId, FIRST_REJECTS,
+    process_is_gone, stale_reason, AttemptEntry, AttemptStatus, Claim, ClaimRequest, ClaimedRun,
+    Counts, Enqueue, EnqueuedBy, GridRow, HeldKey, History, Lease, LedgerEntry, Mark, MarkAs,
+    Marked, QueueKey, QueuePipeline, QueuedRun, RejectEntry, RunStatus, StartRange, StoredClass,
+    UnknownClass, UnknownState, WorkerId, FIRST_REJECTS,
 };
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter, WriterOptions};
@@ -335,6 +335,18 @@ impl Store {
         each: impl FnMut(LedgerEntry) -> Result<(), Error> + Send,
     ) -> Result<(), Error> {
         dispatch!(self, s => flow::status_each(s, pipeline, range, each).await)
+    }
+
+    /// The state of every run key of `pipeline` whose period start lies in
+    /// `range`, only the columns a cell of the page's grid needs, in one
+    /// read and in no particular order.
+    pub async fn grid_each(
+        &self,
+        pipeline: &str,
+        range: StartRange<'_>,
+        each: impl FnMut(GridRow) -> Result<(), Error> + Send,
+    ) -> Result<(), Error> {
+        dispatch!(self, s => ledger::grid::grid_each(s, pipeline, range, each).await)
     }
 
     /// `entry`'s story: every attempt the ledger holds, oldest first, and

@@ -14,33 +14,53 @@ mod metrics;
 mod page;
 mod workers;
 
+use std::sync::Arc;
+
 use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
 
 use crate::service::ServiceView;
 
+pub use page::{LogUrl, LogUrlError};
+
+/// What the server is told besides the service it shows.
+#[derive(Debug, Clone, Default)]
+pub struct WebOptions {
+    /// Where an attempt's logs are (`serve --log-url TEMPLATE`): the period
+    /// page links each attempt there.
+    pub log_url: Option<LogUrl>,
+}
+
 /// What every handler sees.
 #[derive(Clone)]
 pub(crate) struct WebState {
     pub(crate) view: ServiceView,
+    pub(crate) options: Arc<WebOptions>,
 }
 
 /// Every route, over `view`.
-pub fn router(view: ServiceView) -> Router {
+pub fn router(view: ServiceView, options: WebOptions) -> Router {
     Router::new()
         .route("/metrics", get(metrics::metrics))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .merge(page::routes())
-        .with_state(WebState { view })
+        .with_state(WebState {
+            view,
+            options: Arc::new(options),
+        })
 }
 
 /// Serves [`router`] on `listener` until the service's engine is asked to
 /// stop.
-pub async fn serve(listener: TcpListener, view: ServiceView) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    view: ServiceView,
+    options: WebOptions,
+) -> std::io::Result<()> {
     let shutdown = view.engine().shutdown().clone();
-    axum::serve(listener, router(view))
+    axum::serve(listener, router(view, options))
         .with_graceful_shutdown(async move { shutdown.wait().await })
         .await
 }

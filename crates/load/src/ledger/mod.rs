@@ -13,6 +13,7 @@
 mod class;
 pub(crate) mod driver;
 pub(crate) mod flow;
+pub(crate) mod grid;
 pub(crate) mod history;
 pub(crate) mod mark;
 pub(crate) mod params;
@@ -29,9 +30,11 @@ use serde::{Serialize, Serializer};
 use tidemark_core::{Hash128, KeySet};
 
 pub use class::{StoredClass, UnknownClass};
+pub use grid::GridRow;
 pub use history::{AttemptEntry, History, RejectEntry, FIRST_REJECTS};
 pub use mark::{HeldKey, Mark, MarkAs, Marked};
 pub use rules::process_is_gone;
+pub use stale::stale_reason;
 
 /// The state of a run key (`_tm_runs.status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -19,7 +19,7 @@ use super::{AttemptStatus, Counts, RunStatus, StoredClass};
 
 impl Dialect {
     /// The current time.
-    fn now(self) -> &'static str {
+    pub(crate) fn now(self) -> &'static str {
         match self {
             Dialect::Postgres => "now()",
             Dialect::Sqlite => "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",

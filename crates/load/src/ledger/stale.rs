@@ -15,25 +15,40 @@ impl LedgerEntry {
     pub fn judge_staleness(&mut self, version: &str, fields: &FieldsFingerprint) {
         self.stale_reason = None;
         if self.status == RunStatus::Done {
-            let mut reasons = Vec::new();
-            match self.handler_version.as_deref() {
-                Some(done) if done == version => {}
-                done => reasons.push(format!("version {} -> {version}", done.unwrap_or("(none)"))),
-            }
-            match self.fields_fingerprint.as_deref() {
-                Some(done) => {
-                    if let Some(changes) = fields.changes_since(done) {
-                        reasons.push(format!("fields changed: {changes}"));
-                    }
-                }
-                None => reasons.push("fields not recorded (done by an earlier tidemark)".into()),
-            }
-            if !reasons.is_empty() {
-                self.stale_reason = Some(reasons.join("; "));
-            }
+            self.stale_reason = stale_reason(
+                self.handler_version.as_deref(),
+                self.fields_fingerprint.as_deref(),
+                version,
+                fields,
+            );
         }
         self.stale = self.stale_reason.is_some();
     }
+}
+
+/// Why a done run recorded with `handler_version` and `fingerprint` is
+/// stale against the pipeline's `version` and `fields`, or `None` when it
+/// is not (see [`LedgerEntry::judge_staleness`]).
+pub fn stale_reason(
+    handler_version: Option<&str>,
+    fingerprint: Option<&str>,
+    version: &str,
+    fields: &FieldsFingerprint,
+) -> Option<String> {
+    let mut reasons = Vec::new();
+    match handler_version {
+        Some(done) if done == version => {}
+        done => reasons.push(format!("version {} -> {version}", done.unwrap_or("(none)"))),
+    }
+    match fingerprint {
+        Some(done) => {
+            if let Some(changes) = fields.changes_since(done) {
+                reasons.push(format!("fields changed: {changes}"));
+            }
+        }
+        None => reasons.push("fields not recorded (done by an earlier tidemark)".into()),
+    }
+    (!reasons.is_empty()).then(|| reasons.join("; "))
 }
 
 #[cfg(test)]
