@@ -15,11 +15,13 @@ pub(crate) mod driver;
 pub(crate) mod flow;
 pub(crate) mod history;
 pub(crate) mod mark;
+pub(crate) mod metrics;
 pub(crate) mod params;
 pub(crate) mod preview;
 mod rules;
 pub(crate) mod sql;
 mod stale;
+pub(crate) mod workers;
 
 use std::fmt;
 use std::str::FromStr;
@@ -31,6 +33,11 @@ use tidemark_core::{Hash128, KeySet};
 pub use class::{StoredClass, UnknownClass};
 pub use history::{AttemptEntry, History, RejectEntry, FIRST_REJECTS};
 pub use mark::{HeldKey, Mark, MarkAs, Marked};
+pub use metrics::{
+    AttemptGroup, Freshness, LedgerMetrics, Observed, PeriodCount, QueueDepth, RowSums,
+    DURATION_BUCKETS, WAIT_BUCKETS,
+};
+pub use workers::{HeldRun, WorkerEntry, WorkerInfo, WorkerKind, WorkerState};
 pub use rules::process_is_gone;
 
 /// The state of a run key (`_tm_runs.status`).
