@@ -343,6 +343,11 @@ pub struct ServeArgs {
     /// this address, e.g. 127.0.0.1:9464. Off by default. Read-only.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<std::net::SocketAddr>,
+
+    /// The longest /metrics reuses what it read from the ledger before
+    /// reading it again (0s: at every scrape).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub metrics_max_age: std::time::Duration,
 }
 
 #[derive(Debug, Args)]

@@ -34,7 +34,10 @@ pub async fn serve(setup: &Setup<'_>, args: ServeArgs) -> Result<Exit, Error> {
             return Err(crate::exit::flag(e, "pipelines folder", "--pipelines"));
         }
     };
-    let web = match listen(&service, args.listen).await {
+    let options = tidemark_engine::web::WebOptions {
+        metrics_max_age: args.metrics_max_age,
+    };
+    let web = match listen(&service, args.listen, options).await {
         Ok(web) => web,
         Err(e) => {
             engine.close().await;
@@ -65,6 +68,7 @@ pub async fn serve(setup: &Setup<'_>, args: ServeArgs) -> Result<Exit, Error> {
 async fn listen(
     service: &Service,
     addr: Option<std::net::SocketAddr>,
+    options: tidemark_engine::web::WebOptions,
 ) -> Result<Option<tokio::task::JoinHandle<()>>, Error> {
     let Some(addr) = addr else {
         return Ok(None);
@@ -75,7 +79,7 @@ async fn listen(
     tracing::info!(listen = %addr, "serving /metrics, /healthz, /readyz and the pages");
     let view = service.view();
     Ok(Some(tokio::spawn(async move {
-        if let Err(e) = tidemark_engine::web::serve(listener, view).await {
+        if let Err(e) = tidemark_engine::web::serve(listener, view, options).await {
             tracing::error!(error = %e, "the HTTP server stopped");
         }
     })))

@@ -14,6 +14,9 @@ mod metrics;
 mod page;
 mod workers;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
@@ -24,23 +27,59 @@ use crate::service::ServiceView;
 #[derive(Clone)]
 pub(crate) struct WebState {
     pub(crate) view: ServiceView,
+    /// The ledger's aggregates for `/metrics`, kept briefly.
+    pub(crate) metrics: Arc<metrics::MetricsCache>,
+}
+
+/// How the endpoints answer.
+#[derive(Debug, Clone, Copy)]
+pub struct WebOptions {
+    /// The longest `/metrics` reuses the ledger's aggregates before reading
+    /// them again (0: at every scrape). Reading them costs a few grouped
+    /// queries over the ledger; a short cache keeps many scrapers, or one
+    /// scraping often, from repeating them.
+    pub metrics_max_age: Duration,
+}
+
+impl Default for WebOptions {
+    fn default() -> Self {
+        WebOptions {
+            metrics_max_age: DEFAULT_METRICS_MAX_AGE,
+        }
+    }
+}
+
+/// The default of [`WebOptions::metrics_max_age`].
+pub const DEFAULT_METRICS_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// Every route, over `view`, with the default options.
+pub fn router(view: ServiceView) -> Router {
+    router_with(view, WebOptions::default())
 }
 
 /// Every route, over `view`.
-pub fn router(view: ServiceView) -> Router {
+pub fn router_with(view: ServiceView, options: WebOptions) -> Router {
+    let state = WebState {
+        view,
+        metrics: Arc::new(metrics::MetricsCache::new(options.metrics_max_age)),
+    };
     Router::new()
         .route("/metrics", get(metrics::metrics))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .merge(page::routes())
-        .with_state(WebState { view })
+        .with_state(state)
 }
 
-/// Serves [`router`] on `listener` until the service's engine is asked to
-/// stop.
-pub async fn serve(listener: TcpListener, view: ServiceView) -> std::io::Result<()> {
+/// Serves [`router_with`] on `listener` until the service's engine is
+/// asked to stop.
+pub async fn serve(
+    listener: TcpListener,
+    view: ServiceView,
+    options: WebOptions,
+) -> std::io::Result<()> {
     let shutdown = view.engine().shutdown().clone();
-    axum::serve(listener, router(view))
+    axum::serve(listener, router_with(view, options))
         .with_graceful_shutdown(async move { shutdown.wait().await })
         .await
 }

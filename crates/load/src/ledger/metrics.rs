@@ -133,6 +133,10 @@ pub struct LedgerMetrics {
     pub queue: Vec<QueueDepth>,
     /// `tidemark_freshness_seconds`.
     pub freshness: Vec<Freshness>,
+    /// Sources whose shared rate bucket is paused now (`Retry-After`), as
+    /// `(pipeline, source)`: PostgreSQL's `_tm_rate_buckets`; SQLite keeps
+    /// its buckets in the one process that owns the file.
+    pub paused: Vec<(String, String)>,
 }
 
 /// `SUM(CASE WHEN expr <= bound ...)` for each bound: cumulative counts.
@@ -274,6 +278,14 @@ pub(crate) async fn ledger_metrics<D: Driver>(driver: &D) -> Result<LedgerMetric
         Ok(())
     })
     .await?;
+    if d == Dialect::Postgres {
+        let paused = "SELECT pipeline, source FROM _tm_rate_buckets WHERE paused_until > now()";
+        tx.fetch_each(paused, &[], |row| {
+            m.paused.push((row.text("pipeline")?, row.text("source")?));
+            Ok(())
+        })
+        .await?;
+    }
     tx.commit().await?;
     Ok(m)
 }
