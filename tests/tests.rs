@@ -19,6 +19,7 @@ mod hardening_storage;
 mod http;
 mod library;
 mod mark;
+mod observability;
 mod memory_budget;
 mod ownership;
 mod rate_limits;
