@@ -28,9 +28,14 @@ CREATE INDEX _tm_workers_last_seen ON _tm_workers (last_seen);
 -- `started_at - queued_at` (`tidemark_queue_wait_seconds`).
 ALTER TABLE _tm_attempts ADD COLUMN queued_at TIMESTAMPTZ;
 
--- /metrics counts run keys per pipeline, source and status at every
--- scrape: an index that answers it without reading the rows.
-CREATE INDEX _tm_runs_metrics ON _tm_runs (pipeline, source, status);
+-- /metrics counts run keys per pipeline, source and status from an index
+-- alone, and finds the first period not done (freshness) among the few
+-- keys not done; the newest done one before it is then one look-up in the
+-- run key's unique index. Attempts are read by `finished_at` (indexed
+-- since 0001) as they end, never all at once after the first scrape.
+CREATE INDEX _tm_runs_metrics ON _tm_runs (pipeline, source, export_type, status);
+CREATE INDEX _tm_runs_open ON _tm_runs (pipeline, source, export_type, period_start)
+    WHERE status <> 'done';
 
 -- A stable view of the workers, with the state every view judges alike.
 CREATE VIEW tidemark_v1_workers AS

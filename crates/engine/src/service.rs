@@ -161,6 +161,18 @@ impl Service {
         }
     }
 
+    /// Records this service in the ledger's workers (once; [`Service::run`]
+    /// does it too) and keeps it seen until [`Engine::close`]: a program
+    /// that serves endpoints calls it first, so they never show the
+    /// service missing from its own workers.
+    pub async fn announce(&self) {
+        let slots = u32::from(self.shared.config.workers);
+        self.shared
+            .engine
+            .register_worker(WorkerKind::Serve, slots)
+            .await;
+    }
+
     /// The names of the pipelines served now.
     pub fn pipeline_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.shared.pipelines().by_name.keys().cloned().collect();
@@ -182,11 +194,7 @@ impl Service {
             pipelines = shared.pipelines().by_name.len(),
             "serving"
         );
-        // Seen in the ledger's workers from now until `Engine::close`.
-        shared
-            .engine
-            .register_worker(WorkerKind::Serve, u32::from(config.workers))
-            .await;
+        self.announce().await;
         background.spawn(listen_for_work(Arc::clone(shared)));
         if config.schedule {
             // The first fire of every schedule comes before any worker looks

@@ -35,8 +35,9 @@ pub use ledger::{
     UnknownState, WorkerId, FIRST_REJECTS,
 };
 pub use ledger::{
-    AttemptGroup, Freshness, HeldRun, LedgerMetrics, Observed, PeriodCount, QueueDepth, RowSums,
-    WorkerEntry, WorkerInfo, WorkerKind, WorkerState, DURATION_BUCKETS, WAIT_BUCKETS,
+    AttemptGroup, Freshness, HeldRun, LedgerMetrics, Observed, PeriodCount, QueueDepth,
+    WorkerEntry, WorkerInfo, WorkerKind, WorkerState, DURATION_BUCKETS, SETTLE_MARGIN_SECONDS,
+    WAIT_BUCKETS,
 };
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter, WriterOptions};
@@ -369,9 +370,20 @@ impl Store {
         dispatch!(self, s => ledger::workers::workers(s).await)
     }
 
-    /// The ledger's aggregates for `/metrics` (one read transaction).
+    /// The state of the run keys for `/metrics` (one read transaction).
     pub async fn ledger_metrics(&self) -> Result<LedgerMetrics, Error> {
         dispatch!(self, s => ledger::metrics::ledger_metrics(s).await)
+    }
+
+    /// The attempts that ended after `after` and up to `until` (the
+    /// ledger's time text, [`LedgerMetrics::settled`]; `None`: unbounded),
+    /// grouped for `/metrics`.
+    pub async fn attempt_metrics(
+        &self,
+        after: Option<&str>,
+        until: Option<&str>,
+    ) -> Result<Vec<AttemptGroup>, Error> {
+        dispatch!(self, s => ledger::metrics::attempts_between(s, after, until).await)
     }
 
     /// Whether the database answers and holds every ledger migration this

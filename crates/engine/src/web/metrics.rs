@@ -23,8 +23,8 @@ use prometheus_client::registry::Registry;
 use tidemark_core::period::Granularity;
 use tidemark_core::{Error, ErrorClass, Pipeline};
 use tidemark_load::{
-    AttemptStatus, LedgerMetrics, Observed, RunStatus, WorkerEntry, WorkerState,
-    DURATION_BUCKETS, WAIT_BUCKETS,
+    AttemptGroup, AttemptStatus, LedgerMetrics, Observed, RunStatus, Store, WorkerEntry,
+    WorkerState, DURATION_BUCKETS, WAIT_BUCKETS,
 };
 
 use super::WebState;
@@ -49,11 +49,39 @@ const ROW_KINDS: [&str; 6] = [
     "rejected",
 ];
 
-/// The ledger's aggregates, kept for at most `max_age`.
+/// What one scrape shows of the ledger.
+#[derive(Debug)]
+struct Snapshot {
+    /// The run keys' state.
+    ledger: LedgerMetrics,
+    /// Every attempt that ended, grouped.
+    attempts: Vec<AttemptGroup>,
+}
+
+/// The attempts already counted: every one that ended up to `until`.
+#[derive(Debug, Default)]
+struct Settled {
+    until: Option<String>,
+    groups: Vec<AttemptGroup>,
+}
+
+/// The ledger as `/metrics` last read it, kept for at most `max_age`, and
+/// the attempts counted so far: each scrape reads only the attempts that
+/// ended since the last settled mark.
 #[derive(Debug)]
 pub(crate) struct MetricsCache {
     max_age: Duration,
-    slot: tokio::sync::Mutex<Option<(Instant, Arc<LedgerMetrics>)>>,
+    slot: tokio::sync::Mutex<Option<(Instant, Arc<Snapshot>)>>,
+    settled: tokio::sync::Mutex<Settled>,
+}
+
+fn merge(into: &mut Vec<AttemptGroup>, groups: &[AttemptGroup]) {
+    for group in groups {
+        match into.iter_mut().find(|g| g.same_group(group)) {
+            Some(mine) => mine.add(group),
+            None => into.push(group.clone()),
+        }
+    }
 }
 
 impl MetricsCache {
@@ -61,38 +89,77 @@ impl MetricsCache {
         MetricsCache {
             max_age,
             slot: tokio::sync::Mutex::new(None),
+            settled: tokio::sync::Mutex::new(Settled::default()),
         }
     }
 
-    /// The cached aggregates, or fresh ones once they are older than
+    /// The cached snapshot, or a fresh one once it is older than
     /// `max_age`. One scrape reads the database at a time; the others wait
     /// for its answer.
-    async fn read(&self, state: &WebState) -> Result<Arc<LedgerMetrics>, Error> {
+    async fn read(&self, store: &Store) -> Result<Arc<Snapshot>, Error> {
         let mut slot = self.slot.lock().await;
-        if let Some((at, metrics)) = slot.as_ref() {
+        if let Some((at, snapshot)) = slot.as_ref() {
             if at.elapsed() < self.max_age {
-                return Ok(Arc::clone(metrics));
+                return Ok(Arc::clone(snapshot));
             }
         }
-        let fresh = Arc::new(state.view.engine().store().ledger_metrics().await?);
+        let ledger = store.ledger_metrics().await?;
+        let attempts = self.attempts(store, &ledger.settled).await?;
+        let fresh = Arc::new(Snapshot { ledger, attempts });
         *slot = Some((Instant::now(), Arc::clone(&fresh)));
         Ok(fresh)
+    }
+
+    /// Every attempt that ended: the settled ones (read once, the first
+    /// time all of them), plus those that ended after `mark`, read again
+    /// at every refresh until they settle.
+    async fn attempts(&self, store: &Store, mark: &str) -> Result<Vec<AttemptGroup>, Error> {
+        let mut settled = self.settled.lock().await;
+        // A database clock that went back never moves the mark back: no
+        // attempt is counted twice.
+        let advance = settled.until.as_deref().map_or(true, |until| mark > until);
+        if advance {
+            let newly = store
+                .attempt_metrics(settled.until.as_deref(), Some(mark))
+                .await?;
+            merge(&mut settled.groups, &newly);
+            settled.until = Some(mark.to_string());
+        }
+        let recent = store.attempt_metrics(settled.until.as_deref(), None).await?;
+        let mut all = settled.groups.clone();
+        merge(&mut all, &recent);
+        Ok(all)
+    }
+
+    /// Reads everything once in the background, so the first scrape finds
+    /// the whole attempt history counted.
+    pub(crate) fn warm(self: &Arc<Self>, store: Store) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let cache = Arc::clone(self);
+        runtime.spawn(async move {
+            if let Err(e) = cache.read(&store).await {
+                tracing::debug!(error = %e, "cannot read the ledger for /metrics yet");
+            }
+        });
     }
 }
 
 pub(super) async fn metrics(State(state): State<WebState>) -> Response {
+    let store = state.view.engine().store();
     let read = async {
-        let ledger = state.metrics.read(&state).await?;
-        let workers = state.view.engine().store().workers().await?;
-        Ok::<_, Error>((ledger, workers))
+        let snapshot = state.metrics.read(store).await?;
+        let workers = store.workers().await?;
+        Ok::<_, Error>((snapshot, workers))
     };
-    let (ledger, workers) = match tokio::time::timeout(SCRAPE_TIMEOUT, read).await {
+    let (snapshot, workers) = match tokio::time::timeout(SCRAPE_TIMEOUT, read).await {
         Ok(Ok(read)) => read,
         Ok(Err(e)) => return unavailable(&format!("cannot read the ledger: {e}")),
         Err(_) => return unavailable("the database did not answer within 5 s"),
     };
     let configured = Configured::of(&state.view.pipelines());
-    let registry = registry(&configured, &ledger, &workers, &rate_stats());
+    let registry = registry(&configured, &snapshot, &workers, &rate_stats());
     let mut body = String::new();
     match encode(&mut body, &registry) {
         Ok(()) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response(),
@@ -292,7 +359,8 @@ fn outcome(status: AttemptStatus) -> Option<&'static str> {
     }
 }
 
-/// Why an attempt that a later one followed was retried.
+/// Why an attempt was a retry: how the attempt before it ended (a done
+/// one before it makes it a forced re-run, not a retry).
 fn cause(status: AttemptStatus, class: Option<&str>) -> Option<String> {
     match status {
         AttemptStatus::Failed => Some(class.unwrap_or("unknown").to_string()),
@@ -312,10 +380,11 @@ fn causes() -> impl Iterator<Item = &'static str> {
 
 fn registry(
     configured: &Configured,
-    ledger: &LedgerMetrics,
+    snapshot: &Snapshot,
     workers: &[WorkerEntry],
     rates: &[RateStat],
 ) -> Registry {
+    let ledger = &snapshot.ledger;
     let pairs = all_pairs(configured, ledger);
     let mut registry = Registry::default();
     let mut build = Series::new(MetricType::Gauge);
@@ -324,8 +393,8 @@ fn registry(
         1.0,
     );
     registry.register("tidemark_build_info", "tidemark's version (always 1)", build);
-    runs_and_rows(&mut registry, &pairs, ledger);
-    queue(&mut registry, configured, ledger);
+    runs_and_rows(&mut registry, &pairs, &snapshot.attempts);
+    queue(&mut registry, configured, ledger, &snapshot.attempts);
     periods(&mut registry, configured, &pairs, ledger);
     worker_families(&mut registry, workers);
     rate_families(&mut registry, configured, ledger, rates);
@@ -337,7 +406,7 @@ fn registry(
 fn runs_and_rows(
     registry: &mut Registry,
     pairs: &BTreeSet<(String, String)>,
-    ledger: &LedgerMetrics,
+    attempts: &[AttemptGroup],
 ) {
     let mut runs = Series::new(MetricType::Counter);
     let mut rows = Series::new(MetricType::Counter);
@@ -355,19 +424,18 @@ fn runs_and_rows(
         }
         durations.observe(ps(pl, src), &Observed::default());
     }
-    for g in &ledger.attempts {
+    for g in attempts {
         if let Some(o) = outcome(g.status) {
             runs.add(ps_with(&g.pipeline, &g.source, "outcome", o), float(g.attempts));
         }
-        if g.retried {
-            if let Some(c) = cause(g.status, g.error_class.as_deref()) {
-                retries.add(ps_with(&g.pipeline, &g.source, "cause", &c), float(g.attempts));
-            }
+        if let Some(c) = g
+            .previous
+            .and_then(|p| cause(p, g.previous_class.as_deref()))
+        {
+            retries.add(ps_with(&g.pipeline, &g.source, "cause", &c), float(g.attempts));
         }
         durations.observe(ps(&g.pipeline, &g.source), &g.duration);
-    }
-    for r in &ledger.rows {
-        let c = &r.counts;
+        let c = &g.counts;
         let values = [
             c.rows_read,
             c.rows_inserted,
@@ -377,7 +445,7 @@ fn runs_and_rows(
             c.rows_rejected,
         ];
         for (kind, n) in ROW_KINDS.into_iter().zip(values) {
-            rows.add(ps_with(&r.pipeline, &r.source, "kind", kind), float(n));
+            rows.add(ps_with(&g.pipeline, &g.source, "kind", kind), float(n));
         }
     }
     registry.register(
@@ -387,12 +455,12 @@ fn runs_and_rows(
     );
     registry.register(
         "tidemark_rows",
-        "Rows of the run keys' current runs, by kind (sums over the ledger)",
+        "Rows of every run that finished (done or failed), by kind",
         rows,
     );
     registry.register(
         "tidemark_retries",
-        "Attempts that a later attempt of the same run key followed, by why they ended",
+        "Attempts that retried a failed, lost or interrupted one, by how that one ended",
         retries,
     );
     registry.register(
@@ -404,7 +472,12 @@ fn runs_and_rows(
 
 /// `tidemark_queue_pending`, `tidemark_queue_oldest_pending_seconds` and
 /// `tidemark_queue_wait_seconds`.
-fn queue(registry: &mut Registry, configured: &Configured, ledger: &LedgerMetrics) {
+fn queue(
+    registry: &mut Registry,
+    configured: &Configured,
+    ledger: &LedgerMetrics,
+    attempts: &[AttemptGroup],
+) {
     let mut pending = Series::new(MetricType::Gauge);
     let mut oldest = Series::new(MetricType::Gauge);
     let mut wait = Series::histogram(&WAIT_BUCKETS);
@@ -424,7 +497,7 @@ fn queue(registry: &mut Registry, configured: &Configured, ledger: &LedgerMetric
         let age = q.oldest_enqueued.map_or(0.0, |at| (ledger.now - at).max(0.0));
         oldest.set(p(&q.pipeline), age);
     }
-    for g in &ledger.attempts {
+    for g in attempts {
         wait.observe(p(&g.pipeline), &g.wait);
     }
     registry.register("tidemark_queue_pending", "Run keys waiting in the work queue", pending);

@@ -34,8 +34,8 @@ pub use class::{StoredClass, UnknownClass};
 pub use history::{AttemptEntry, History, RejectEntry, FIRST_REJECTS};
 pub use mark::{HeldKey, Mark, MarkAs, Marked};
 pub use metrics::{
-    AttemptGroup, Freshness, LedgerMetrics, Observed, PeriodCount, QueueDepth, RowSums,
-    DURATION_BUCKETS, WAIT_BUCKETS,
+    AttemptGroup, Freshness, LedgerMetrics, Observed, PeriodCount, QueueDepth, DURATION_BUCKETS,
+    SETTLE_MARGIN_SECONDS, WAIT_BUCKETS,
 };
 pub use workers::{HeldRun, WorkerEntry, WorkerInfo, WorkerKind, WorkerState};
 pub use rules::process_is_gone;
