@@ -345,8 +345,9 @@ pub struct ServeArgs {
     pub listen: Option<std::net::SocketAddr>,
 
     /// The longest /metrics reuses what it read from the ledger before
-    /// reading it again (0s: at every scrape).
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    /// reading it again (0s: at every scrape). While scrapes come it is
+    /// refreshed in the background, so a scrape does not wait for it.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub metrics_max_age: std::time::Duration,
 }
 

@@ -10,7 +10,8 @@
 //! source ids (configuration), fixed state names and worker ids.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -66,14 +67,26 @@ struct Settled {
 }
 
 /// The ledger as `/metrics` last read it, kept for at most `max_age`, and
-/// the attempts counted so far: each scrape reads only the attempts that
+/// the attempts counted so far: each refresh reads only the attempts that
 /// ended since the last settled mark.
+///
+/// While someone scrapes, a background task refreshes the snapshot before
+/// it is `max_age` old, so a scrape never waits for the ledger's queries
+/// (they read every run key's index entry: tens of milliseconds per
+/// 100,000 keys); it stops once nobody has scraped for [`IDLE_AFTER`].
+/// `max_age` 0 reads the ledger at every scrape.
 #[derive(Debug)]
 pub(crate) struct MetricsCache {
     max_age: Duration,
-    slot: tokio::sync::Mutex<Option<(Instant, Arc<Snapshot>)>>,
+    snapshot: Mutex<Option<(Instant, Arc<Snapshot>)>>,
+    /// Held by the one refresh under way.
     settled: tokio::sync::Mutex<Settled>,
+    last_scrape: Mutex<Instant>,
+    refresher: AtomicBool,
 }
+
+/// No scrape for this long: the background refresh stops.
+const IDLE_AFTER: Duration = Duration::from_secs(120);
 
 fn merge(into: &mut Vec<AttemptGroup>, groups: &[AttemptGroup]) {
     for group in groups {
@@ -88,62 +101,95 @@ impl MetricsCache {
     pub(crate) fn new(max_age: Duration) -> MetricsCache {
         MetricsCache {
             max_age,
-            slot: tokio::sync::Mutex::new(None),
+            snapshot: Mutex::new(None),
             settled: tokio::sync::Mutex::new(Settled::default()),
+            last_scrape: Mutex::new(Instant::now()),
+            refresher: AtomicBool::new(false),
         }
     }
 
-    /// The cached snapshot, or a fresh one once it is older than
-    /// `max_age`. One scrape reads the database at a time; the others wait
-    /// for its answer.
-    async fn read(&self, store: &Store) -> Result<Arc<Snapshot>, Error> {
-        let mut slot = self.slot.lock().await;
-        if let Some((at, snapshot)) = slot.as_ref() {
-            if at.elapsed() < self.max_age {
-                return Ok(Arc::clone(snapshot));
+    /// The snapshot if younger than `max_age`.
+    fn cached(&self) -> Option<Arc<Snapshot>> {
+        let snapshot = self.snapshot.lock().unwrap_or_else(PoisonError::into_inner);
+        snapshot
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < self.max_age)
+            .map(|(_, s)| Arc::clone(s))
+    }
+
+    /// What a scrape shows: the cached snapshot while it is younger than
+    /// `max_age`, else a fresh one (waiting for a refresh under way).
+    async fn read(self: &Arc<Self>, store: &Store) -> Result<Arc<Snapshot>, Error> {
+        *self.last_scrape.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        if !self.max_age.is_zero() && !self.refresher.swap(true, Ordering::SeqCst) {
+            tokio::spawn(Arc::clone(self).keep_fresh(store.clone()));
+        }
+        if let Some(snapshot) = self.cached() {
+            return Ok(snapshot);
+        }
+        self.refresh(store, true).await
+    }
+
+    /// Refreshes before the snapshot ages past `max_age`, until nobody
+    /// has scraped for [`IDLE_AFTER`].
+    async fn keep_fresh(self: Arc<Self>, store: Store) {
+        loop {
+            tokio::time::sleep(self.max_age.mul_f64(0.7)).await;
+            let idle = self
+                .last_scrape
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .elapsed();
+            if idle > IDLE_AFTER {
+                self.refresher.store(false, Ordering::SeqCst);
+                return;
+            }
+            if let Err(e) = self.refresh(&store, false).await {
+                tracing::debug!(error = %e, "cannot refresh /metrics from the ledger");
+            }
+        }
+    }
+
+    /// Reads the ledger. `reuse`: a snapshot made meanwhile by another
+    /// refresh (this one waited for it) is fresh enough.
+    async fn refresh(&self, store: &Store, reuse: bool) -> Result<Arc<Snapshot>, Error> {
+        let mut settled = self.settled.lock().await;
+        if reuse {
+            if let Some(snapshot) = self.cached() {
+                return Ok(snapshot);
             }
         }
         let ledger = store.ledger_metrics().await?;
-        let attempts = self.attempts(store, &ledger.settled).await?;
+        let attempts = attempts(store, &mut settled, &ledger.settled).await?;
         let fresh = Arc::new(Snapshot { ledger, attempts });
-        *slot = Some((Instant::now(), Arc::clone(&fresh)));
+        *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((Instant::now(), Arc::clone(&fresh)));
         Ok(fresh)
     }
+}
 
-    /// Every attempt that ended: the settled ones (read once, the first
-    /// time all of them), plus those that ended after `mark`, read again
-    /// at every refresh until they settle.
-    async fn attempts(&self, store: &Store, mark: &str) -> Result<Vec<AttemptGroup>, Error> {
-        let mut settled = self.settled.lock().await;
-        // A database clock that went back never moves the mark back: no
-        // attempt is counted twice.
-        let advance = settled.until.as_deref().map_or(true, |until| mark > until);
-        if advance {
-            let newly = store
-                .attempt_metrics(settled.until.as_deref(), Some(mark))
-                .await?;
-            merge(&mut settled.groups, &newly);
-            settled.until = Some(mark.to_string());
-        }
-        let recent = store.attempt_metrics(settled.until.as_deref(), None).await?;
-        let mut all = settled.groups.clone();
-        merge(&mut all, &recent);
-        Ok(all)
+/// Every attempt that ended: the settled ones (read once, the first time
+/// all of them), plus those that ended after `mark`, read again at every
+/// refresh until they settle.
+async fn attempts(
+    store: &Store,
+    settled: &mut Settled,
+    mark: &str,
+) -> Result<Vec<AttemptGroup>, Error> {
+    // A database clock that went back never moves the mark back: no
+    // attempt is counted twice.
+    let advance = settled.until.as_deref().map_or(true, |until| mark > until);
+    if advance {
+        let newly = store
+            .attempt_metrics(settled.until.as_deref(), Some(mark))
+            .await?;
+        merge(&mut settled.groups, &newly);
+        settled.until = Some(mark.to_string());
     }
-
-    /// Reads everything once in the background, so the first scrape finds
-    /// the whole attempt history counted.
-    pub(crate) fn warm(self: &Arc<Self>, store: Store) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let cache = Arc::clone(self);
-        runtime.spawn(async move {
-            if let Err(e) = cache.read(&store).await {
-                tracing::debug!(error = %e, "cannot read the ledger for /metrics yet");
-            }
-        });
-    }
+    let recent = store.attempt_metrics(settled.until.as_deref(), None).await?;
+    let mut all = settled.groups.clone();
+    merge(&mut all, &recent);
+    Ok(all)
 }
 
 pub(super) async fn metrics(State(state): State<WebState>) -> Response {

@@ -34,10 +34,10 @@ pub(crate) struct WebState {
 /// How the endpoints answer.
 #[derive(Debug, Clone, Copy)]
 pub struct WebOptions {
-    /// The longest `/metrics` reuses the ledger's aggregates before reading
-    /// them again (0: at every scrape). Reading them costs a few grouped
-    /// queries over the ledger; a short cache keeps many scrapers, or one
-    /// scraping often, from repeating them.
+    /// The longest `/metrics` reuses what it read from the ledger before
+    /// reading it again (0: at every scrape; at most 15 s is sensible).
+    /// While scrapes come, the cache is refreshed in the background, so a
+    /// scrape does not wait for the ledger's queries.
     pub metrics_max_age: Duration,
 }
 
@@ -50,7 +50,7 @@ impl Default for WebOptions {
 }
 
 /// The default of [`WebOptions::metrics_max_age`].
-pub const DEFAULT_METRICS_MAX_AGE: Duration = Duration::from_secs(5);
+pub const DEFAULT_METRICS_MAX_AGE: Duration = Duration::from_secs(10);
 
 /// Every route, over `view`, with the default options.
 pub fn router(view: ServiceView) -> Router {
@@ -60,7 +60,6 @@ pub fn router(view: ServiceView) -> Router {
 /// Every route, over `view`.
 pub fn router_with(view: ServiceView, options: WebOptions) -> Router {
     let cache = Arc::new(metrics::MetricsCache::new(options.metrics_max_age));
-    cache.warm(view.engine().store().clone());
     let state = WebState {
         view,
         metrics: cache,

@@ -182,8 +182,11 @@ fn bucket_sums(expr: &str, bounds: &[f64], prefix: &str) -> String {
         .join(",\n       ")
 }
 
+/// In the order of the index `_tm_runs_metrics`, so it is read once,
+/// in order, and never sorted (export types are summed by the reader).
 fn periods_sql() -> String {
-    "SELECT pipeline, source, status, COUNT(*) AS n FROM _tm_runs GROUP BY pipeline, source, status"
+    "SELECT pipeline, source, export_type, status, COUNT(*) AS n FROM _tm_runs
+     GROUP BY pipeline, source, export_type, status"
         .to_string()
 }
 
