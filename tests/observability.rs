@@ -166,13 +166,26 @@ async fn backfill_with_a_crash(env: &Env) {
             rows.push("bad,not-a-number".to_string());
         }
         env.write(
-            &format!("pipelines/data/2024-01-{day:02}.csv"),
+            format!("pipelines/data/2024-01-{day:02}.csv"),
             &format!("id,v\n{}\n", rows.join("\n")),
         );
     }
     let lease = ["--lease-ttl", "3s"];
-    env.tidemark(&[&lease[..], &["backfill", "p", "--from", "2024-01-01", "--to", "2024-01-07"]].concat())
-        .expect_code(0, "backfill days 1-7");
+    env.tidemark(
+        &[
+            &lease[..],
+            &[
+                "backfill",
+                "p",
+                "--from",
+                "2024-01-01",
+                "--to",
+                "2024-01-07",
+            ],
+        ]
+        .concat(),
+    )
+    .expect_code(0, "backfill days 1-7");
 
     let rows: Vec<String> = (1..=20).map(|i| format!("r{i:02},{i}")).collect();
     let path = env.path("pipelines/data/2024-01-08.csv");
@@ -184,29 +197,45 @@ async fn backfill_with_a_crash(env: &Env) {
     loop {
         let batches = env
             .db
-            .rows("SELECT CAST(batches AS TEXT) FROM _tm_runs WHERE period_start LIKE '2024-01-08%'")
+            .rows(
+                "SELECT CAST(batches AS TEXT) FROM _tm_runs WHERE period_start LIKE '2024-01-08%'",
+            )
             .await;
         if batches.first().and_then(|r| r[0].as_deref()) == Some("2") {
             break;
         }
-        assert!(Instant::now() < deadline, "two batches not committed: {batches:?}");
+        assert!(
+            Instant::now() < deadline,
+            "two batches not committed: {batches:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     run1.kill9();
     drop(fifo);
     std::fs::remove_file(&path).expect("remove the FIFO");
-    env.write("pipelines/data/2024-01-08.csv", &format!("id,v\n{}\n", rows.join("\n")));
+    env.write(
+        "pipelines/data/2024-01-08.csv",
+        &format!("id,v\n{}\n", rows.join("\n")),
+    );
     env.tidemark(&[&lease[..], &["run", "p", "--period", "2024-01-08"]].concat())
         .expect_code(0, "the resumed run after kill -9");
 
     for day in 9..=12 {
         env.write(
-            &format!("pipelines/data/2024-01-{day:02}.csv"),
+            format!("pipelines/data/2024-01-{day:02}.csv"),
             &format!("id,v\nq{day},{day}\n"),
         );
     }
-    env.tidemark(&["backfill", "p", "--from", "2024-01-09", "--to", "2024-01-12", "--enqueue"])
-        .expect_code(0, "backfill --enqueue");
+    env.tidemark(&[
+        "backfill",
+        "p",
+        "--from",
+        "2024-01-09",
+        "--to",
+        "2024-01-12",
+        "--enqueue",
+    ])
+    .expect_code(0, "backfill --enqueue");
     let drain = env.spawn(&[&lease[..], &["serve", "--no-schedule", "--drain"]].concat());
     drain
         .finish(Duration::from_secs(60))
@@ -215,13 +244,17 @@ async fn backfill_with_a_crash(env: &Env) {
     // The run killed with -9 recorded itself as a worker, and is dead once
     // its lease has passed: a dead worker is counted below.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let killed = format!("SELECT state FROM tidemark_v1_workers WHERE worker LIKE '%:{run1_pid}:%'");
+    let killed =
+        format!("SELECT state FROM tidemark_v1_workers WHERE worker LIKE '%:{run1_pid}:%'");
     loop {
         let state = env.db.rows(&killed).await;
         if state == vec![vec![Some("dead".to_string())]] {
             break;
         }
-        assert!(Instant::now() < deadline, "the killed run is not dead: {state:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the killed run is not dead: {state:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -272,16 +305,48 @@ async fn metrics_equal_the_ledger(backend: Backend) {
             ),
         )
         .await;
-        let got = value(&m, "tidemark_runs_total", &[ps[0], ps[1], ("outcome", outcome)]);
+        let got = value(
+            &m,
+            "tidemark_runs_total",
+            &[ps[0], ps[1], ("outcome", outcome)],
+        );
         assert_eq!(got, want, "tidemark_runs_total{{outcome={outcome}}}");
     }
-    assert_eq!(value(&m, "tidemark_runs_total", &[ps[0], ps[1], ("outcome", "done")]), 12.0);
-    assert_eq!(value(&m, "tidemark_runs_total", &[ps[0], ps[1], ("outcome", "lease_lost")]), 1.0);
-    assert_eq!(value(&m, "tidemark_runs_total", &[ps[0], ps[1], ("outcome", "held")]), 0.0);
+    assert_eq!(
+        value(
+            &m,
+            "tidemark_runs_total",
+            &[ps[0], ps[1], ("outcome", "done")]
+        ),
+        12.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "tidemark_runs_total",
+            &[ps[0], ps[1], ("outcome", "lease_lost")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "tidemark_runs_total",
+            &[ps[0], ps[1], ("outcome", "held")]
+        ),
+        0.0
+    );
 
     // Rows, by kind: the counts of every run that finished (its last
     // attempt's, resumed batches included), summed over the history.
-    for kind in ["read", "inserted", "updated", "unchanged", "deleted", "rejected"] {
+    for kind in [
+        "read",
+        "inserted",
+        "updated",
+        "unchanged",
+        "deleted",
+        "rejected",
+    ] {
         let want = ledger_number(
             &env,
             &format!(
@@ -295,12 +360,25 @@ async fn metrics_equal_the_ledger(backend: Backend) {
             &format!("SELECT CAST(SUM(rows_{kind}) AS TEXT) FROM _tm_runs WHERE pipeline = 'p'"),
         )
         .await;
-        assert_eq!(want, current, "no period ran twice: the history sums as the runs do");
+        assert_eq!(
+            want, current,
+            "no period ran twice: the history sums as the runs do"
+        );
         let got = value(&m, "tidemark_rows_total", &[ps[0], ps[1], ("kind", kind)]);
         assert_eq!(got, want, "tidemark_rows_total{{kind={kind}}}");
     }
-    assert_eq!(value(&m, "tidemark_rows_total", &[ps[0], ps[1], ("kind", "rejected")]), 1.0);
-    assert_eq!(value(&m, "tidemark_rows_total", &[ps[0], ps[1], ("kind", "read")]), 6.0 * 7.0 + 1.0 + 20.0 + 4.0);
+    assert_eq!(
+        value(
+            &m,
+            "tidemark_rows_total",
+            &[ps[0], ps[1], ("kind", "rejected")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&m, "tidemark_rows_total", &[ps[0], ps[1], ("kind", "read")]),
+        6.0 * 7.0 + 1.0 + 20.0 + 4.0
+    );
 
     // The lost attempt was retried: its cause is the lost lease.
     let retried = ledger_number(
@@ -312,7 +390,11 @@ async fn metrics_equal_the_ledger(backend: Backend) {
     .await;
     assert_eq!(retried, 1.0);
     assert_eq!(
-        value(&m, "tidemark_retries_total", &[ps[0], ps[1], ("cause", "lease_lost")]),
+        value(
+            &m,
+            "tidemark_retries_total",
+            &[ps[0], ps[1], ("cause", "lease_lost")]
+        ),
         retried
     );
 
@@ -334,36 +416,57 @@ async fn metrics_equal_the_ledger(backend: Backend) {
     )
     .await;
     assert_eq!(value(&m, "tidemark_run_duration_seconds_count", &ps), ended);
-    assert_eq!(value(&m, "tidemark_run_duration_seconds_bucket_inf", &ps), ended);
+    assert_eq!(
+        value(&m, "tidemark_run_duration_seconds_bucket_inf", &ps),
+        ended
+    );
 
     // The queue: empty now; four attempts claimed from it, each with a wait.
     assert_eq!(value(&m, "tidemark_queue_pending", &[ps[0]]), 0.0);
-    assert_eq!(value(&m, "tidemark_queue_oldest_pending_seconds", &[ps[0]]), 0.0);
+    assert_eq!(
+        value(&m, "tidemark_queue_oldest_pending_seconds", &[ps[0]]),
+        0.0
+    );
     let queued = ledger_number(
         &env,
         "SELECT CAST(COUNT(*) AS TEXT) FROM _tm_attempts WHERE queued_at IS NOT NULL",
     )
     .await;
     assert_eq!(queued, 4.0, "every drained key records when it was queued");
-    assert_eq!(value(&m, "tidemark_queue_wait_seconds_count", &[ps[0]]), queued);
+    assert_eq!(
+        value(&m, "tidemark_queue_wait_seconds_count", &[ps[0]]),
+        queued
+    );
 
     // Freshness: every day through the 12th is done.
     let fresh = value(&m, "tidemark_freshness_seconds", &ps);
     let thirteenth = chrono::DateTime::parse_from_rfc3339("2024-01-13T00:00:00Z").expect("a time");
     let want = (chrono::Utc::now().timestamp() - thirteenth.timestamp()) as f64;
     assert!((fresh - want).abs() < 120.0, "freshness {fresh} vs {want}");
-    assert_eq!(value(&m, "tidemark_period_length_seconds", &[ps[0]]), 86_400.0);
+    assert_eq!(
+        value(&m, "tidemark_period_length_seconds", &[ps[0]]),
+        86_400.0
+    );
 
     // Workers: as the ledger's view judges them.
     for state in ["live", "dead"] {
         let want = ledger_number(
             &env,
-            &format!("SELECT CAST(COUNT(*) AS TEXT) FROM tidemark_v1_workers WHERE state = '{state}'"),
+            &format!(
+                "SELECT CAST(COUNT(*) AS TEXT) FROM tidemark_v1_workers WHERE state = '{state}'"
+            ),
         )
         .await;
-        assert_eq!(value(&m, "tidemark_workers", &[("state", state)]), want, "workers {state}");
+        assert_eq!(
+            value(&m, "tidemark_workers", &[("state", state)]),
+            want,
+            "workers {state}"
+        );
     }
-    assert!(value(&m, "tidemark_workers", &[("state", "live")]) >= 1.0, "this serve is live");
+    assert!(
+        value(&m, "tidemark_workers", &[("state", "live")]) >= 1.0,
+        "this serve is live"
+    );
     assert!(
         value(&m, "tidemark_workers", &[("state", "dead")]) >= 1.0,
         "the run killed with -9 is dead"
@@ -381,28 +484,64 @@ async fn metrics_equal_the_ledger(backend: Backend) {
         .filter_map(|r| r[0].clone())
         .collect();
     assert_eq!(seen, not_stopped);
-    assert_eq!(value(&m, "tidemark_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
+    assert_eq!(
+        value(
+            &m,
+            "tidemark_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
 
     // Zero-filled for every configured pipeline and source.
     let http = [("pipeline", "http_orders"), ("source", "shop_eu")];
-    assert_eq!(value(&m, "tidemark_runs_total", &[http[0], http[1], ("outcome", "done")]), 0.0);
-    assert_eq!(value(&m, "tidemark_rate_limit_wait_seconds_total", &http), 0.0);
+    assert_eq!(
+        value(
+            &m,
+            "tidemark_runs_total",
+            &[http[0], http[1], ("outcome", "done")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        value(&m, "tidemark_rate_limit_wait_seconds_total", &http),
+        0.0
+    );
     assert_eq!(value(&m, "tidemark_rate_limit_paused", &http), 0.0);
 
     assert_clean_labels(&m);
     let series = m.len();
 
     // Ten times the periods (marked done: quick), the same series.
-    env.tidemark(&["mark", "p", "--from", "2024-01-13", "--to", "2024-04-30", "--as", "skipped", "--note", "grow"])
-        .expect_code(0, "mark 109 more days");
+    env.tidemark(&[
+        "mark",
+        "p",
+        "--from",
+        "2024-01-13",
+        "--to",
+        "2024-04-30",
+        "--as",
+        "skipped",
+        "--note",
+        "grow",
+    ])
+    .expect_code(0, "mark 109 more days");
     let again = parse(&must_get(addr, "/metrics").await.body);
-    assert!(value(&again, "tidemark_periods", &[ps[0], ps[1], ("status", "done")]) >= 120.0);
+    assert!(
+        value(
+            &again,
+            "tidemark_periods",
+            &[ps[0], ps[1], ("status", "done")]
+        ) >= 120.0
+    );
     let names = |m: &BTreeMap<Key, f64>| m.keys().cloned().collect::<BTreeSet<_>>();
     assert_eq!(names(&again), names(&m), "the series are the same set");
     assert_eq!(again.len(), series);
     assert_clean_labels(&again);
     serve.signal("TERM");
-    serve.finish(Duration::from_secs(30)).expect_code(0, "serve stops on SIGTERM");
+    serve
+        .finish(Duration::from_secs(30))
+        .expect_code(0, "serve stops on SIGTERM");
 }
 
 /// No label value is a date, a 32-hex run id, a URL or the secret.
@@ -421,8 +560,14 @@ fn assert_clean_labels(m: &BTreeMap<Key, f64>) {
                 .any(|w| w.iter().all(|c| c.is_ascii_hexdigit()));
             assert!(!date, "{name}: label value {value:?} holds a date");
             assert!(!run_id, "{name}: label value {value:?} holds a run id");
-            assert!(!value.contains("://"), "{name}: label value {value:?} is a URL");
-            assert!(!value.contains(SECRET), "{name}: label value {value:?} holds the secret");
+            assert!(
+                !value.contains("://"),
+                "{name}: label value {value:?} is a URL"
+            );
+            assert!(
+                !value.contains(SECRET),
+                "{name}: label value {value:?} holds the secret"
+            );
         }
     }
 }
@@ -474,12 +619,17 @@ async fn a_killed_serve_is_dead_on_the_other(backend: Backend) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let took = killed.elapsed();
-    assert!(took <= ttl + Duration::from_millis(1500), "dead after {took:?}, lease {ttl:?}");
+    assert!(
+        took <= ttl + Duration::from_millis(1500),
+        "dead after {took:?}, lease {ttl:?}"
+    );
     assert_eq!(value(&dead, "tidemark_workers", &[("state", "live")]), 1.0);
     let a_marker = format!(":{a_pid}:");
     assert!(
-        dead.keys().any(|(name, l)| name == "tidemark_worker_last_seen_timestamp_seconds"
-            && l.get("worker").is_some_and(|w| w.contains(&a_marker))),
+        dead.keys().any(
+            |(name, l)| name == "tidemark_worker_last_seen_timestamp_seconds"
+                && l.get("worker").is_some_and(|w| w.contains(&a_marker))
+        ),
         "A's last seen is still exposed"
     );
 
@@ -496,19 +646,27 @@ async fn a_killed_serve_is_dead_on_the_other(backend: Backend) {
         .split("<tr ")
         .find(|r| r.contains(&format!(":{}:", b.pid())))
         .expect("B's row");
-    assert!(b_row.starts_with("class=\"worker live\""), "B's row: {b_row}");
+    assert!(
+        b_row.starts_with("class=\"worker live\""),
+        "B's row: {b_row}"
+    );
     assert!(b_row.contains(&format!("<td class=\"pid\">{}</td>", b.pid())));
 
     b.signal("TERM");
     let b_pid = b.pid();
-    b.finish(Duration::from_secs(30)).expect_code(0, "B stops on SIGTERM");
+    b.finish(Duration::from_secs(30))
+        .expect_code(0, "B stops on SIGTERM");
     let state = env
         .db
         .rows(&format!(
             "SELECT state FROM tidemark_v1_workers WHERE worker LIKE '%:{b_pid}:%'"
         ))
         .await;
-    assert_eq!(state, vec![vec![Some("stopped".to_string())]], "a graceful end is recorded");
+    assert_eq!(
+        state,
+        vec![vec![Some("stopped".to_string())]],
+        "a graceful end is recorded"
+    );
 }
 
 backend_tests! {
@@ -568,7 +726,10 @@ async fn readyz_follows_an_unreachable_postgres() {
     let mut proxy = Proxy::start(free_addr()).await;
     let url = env.db.url();
     let through_proxy = url.replacen(":5432/", &format!(":{}/", proxy.addr.port()), 1);
-    assert_ne!(url, through_proxy, "the test database URL names port 5432: {url}");
+    assert_ne!(
+        url, through_proxy,
+        "the test database URL names port 5432: {url}"
+    );
     let addr = free_addr();
     let serve = env.spawn_at(
         &through_proxy,
@@ -585,12 +746,24 @@ async fn readyz_follows_an_unreachable_postgres() {
             assert!(ready.body.starts_with("not ready"), "{}", ready.body);
             break;
         }
-        assert!(cut.elapsed() < Duration::from_secs(5), "/readyz still {} after 5 s", ready.status);
+        assert!(
+            cut.elapsed() < Duration::from_secs(5),
+            "/readyz still {} after 5 s",
+            ready.status
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(cut.elapsed() < Duration::from_secs(5), "503 took {:?}", cut.elapsed());
+    assert!(
+        cut.elapsed() < Duration::from_secs(5),
+        "503 took {:?}",
+        cut.elapsed()
+    );
     let health = must_get(addr, "/healthz").await;
-    assert_eq!(health.status, 200, "/healthz while the database is away: {}", health.body);
+    assert_eq!(
+        health.status, 200,
+        "/healthz while the database is away: {}",
+        health.body
+    );
 
     let _proxy = Proxy::start(proxy.addr).await;
     let back = Instant::now();
@@ -609,5 +782,7 @@ async fn readyz_follows_an_unreachable_postgres() {
     }
     assert_eq!(must_get(addr, "/healthz").await.status, 200);
     serve.signal("TERM");
-    serve.finish(Duration::from_secs(30)).expect_code(0, "serve stops on SIGTERM");
+    serve
+        .finish(Duration::from_secs(30))
+        .expect_code(0, "serve stops on SIGTERM");
 }

@@ -16,8 +16,8 @@ use tidemark_load::{
 };
 
 use crate::clock::{Clock, SystemClock};
-use crate::presence::{Health, Presence};
 use crate::plan::{self, Ask, Intent, PeriodRange, Planned, Planner};
+use crate::presence::{Health, Presence};
 use crate::run::{Context, Job, Outcome, RunFlags};
 use crate::shutdown::Shutdown;
 

@@ -74,7 +74,11 @@ pub(crate) struct MeteredGate {
 }
 
 impl MeteredGate {
-    pub(crate) fn wrap(pipeline: &str, source: &str, inner: Arc<dyn RateGate>) -> Arc<dyn RateGate> {
+    pub(crate) fn wrap(
+        pipeline: &str,
+        source: &str,
+        inner: Arc<dyn RateGate>,
+    ) -> Arc<dyn RateGate> {
         Arc::new(MeteredGate {
             inner,
             stats: stats_of(pipeline, source),

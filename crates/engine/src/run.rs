@@ -9,15 +9,14 @@ use tidemark_core::spec::DuplicateKeyPolicy;
 use tidemark_core::{Error, KeyMap, Origin, Pipeline, RetryPolicy, Row, RunKey};
 use tidemark_extract::Checkpoint;
 use tidemark_load::{
-    WorkerKind,
     Claim, ClaimRequest, ClaimedRun, Counts, Lease, Reconcile, Reject, RunWriter, Store,
-    TableSchema, WorkerId, WriterOptions,
+    TableSchema, WorkerId, WorkerKind, WriterOptions,
 };
 use tidemark_transform::Transformer;
 
 use crate::clock::Clock;
-use crate::presence::{Health, Presence};
 use crate::prepare::{self, Batches};
+use crate::presence::{Health, Presence};
 use crate::shutdown::Shutdown;
 use tidemark_extract::OpenSource;
 use tracing::Instrument;

@@ -390,7 +390,10 @@ impl Store {
     /// build expects (`/readyz`); the error says which is missing.
     pub async fn ready(&self) -> Result<(), Error> {
         let (migrator, applied) = match &self.backend {
-            Backend::Sqlite(s) => (sqlite::SqliteStore::migrator(), s.applied_migrations().await?),
+            Backend::Sqlite(s) => (
+                sqlite::SqliteStore::migrator(),
+                s.applied_migrations().await?,
+            ),
             Backend::Postgres(s) => (postgres::PgStore::migrator(), s.applied_migrations().await?),
         };
         match missing_migration(&migrator, &applied) {

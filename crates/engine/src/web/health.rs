@@ -24,7 +24,10 @@ pub(super) async fn healthz(State(state): State<WebState>) -> (StatusCode, Strin
     let health = state.view.engine().health();
     let wedged = health.wedged();
     if wedged.is_empty() {
-        return (StatusCode::OK, format!("ok: {}\n", health.loops().join(", ")));
+        return (
+            StatusCode::OK,
+            format!("ok: {}\n", health.loops().join(", ")),
+        );
     }
     let mut body = String::new();
     for w in &wedged {

@@ -120,7 +120,10 @@ impl MetricsCache {
     /// What a scrape shows: the cached snapshot while it is younger than
     /// `max_age`, else a fresh one (waiting for a refresh under way).
     async fn read(self: &Arc<Self>, store: &Store) -> Result<Arc<Snapshot>, Error> {
-        *self.last_scrape.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        *self
+            .last_scrape
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
         if !self.max_age.is_zero() && !self.refresher.swap(true, Ordering::SeqCst) {
             tokio::spawn(Arc::clone(self).keep_fresh(store.clone()));
         }
@@ -186,7 +189,9 @@ async fn attempts(
         merge(&mut settled.groups, &newly);
         settled.until = Some(mark.to_string());
     }
-    let recent = store.attempt_metrics(settled.until.as_deref(), None).await?;
+    let recent = store
+        .attempt_metrics(settled.until.as_deref(), None)
+        .await?;
     let mut all = settled.groups.clone();
     merge(&mut all, &recent);
     Ok(all)
@@ -328,11 +333,7 @@ impl Series {
             count: 0,
             sum: 0.0,
         };
-        if let Value::Histogram(h) = self
-            .values
-            .entry(labels)
-            .or_insert(Value::Histogram(empty))
-        {
+        if let Value::Histogram(h) = self.values.entry(labels).or_insert(Value::Histogram(empty)) {
             h.add(observed);
         }
     }
@@ -390,7 +391,12 @@ fn all_pairs(configured: &Configured, ledger: &LedgerMetrics) -> BTreeSet<(Strin
         .pairs()
         .map(|(p, s)| (p.to_string(), s.to_string()))
         .collect();
-    pairs.extend(ledger.periods.iter().map(|c| (c.pipeline.clone(), c.source.clone())));
+    pairs.extend(
+        ledger
+            .periods
+            .iter()
+            .map(|c| (c.pipeline.clone(), c.source.clone())),
+    );
     pairs
 }
 
@@ -438,7 +444,11 @@ fn registry(
         vec![("version", env!("CARGO_PKG_VERSION").to_string())],
         1.0,
     );
-    registry.register("tidemark_build_info", "tidemark's version (always 1)", build);
+    registry.register(
+        "tidemark_build_info",
+        "tidemark's version (always 1)",
+        build,
+    );
     runs_and_rows(&mut registry, &pairs, &snapshot.attempts);
     queue(&mut registry, configured, ledger, &snapshot.attempts);
     periods(&mut registry, configured, &pairs, ledger);
@@ -472,13 +482,19 @@ fn runs_and_rows(
     }
     for g in attempts {
         if let Some(o) = outcome(g.status) {
-            runs.add(ps_with(&g.pipeline, &g.source, "outcome", o), float(g.attempts));
+            runs.add(
+                ps_with(&g.pipeline, &g.source, "outcome", o),
+                float(g.attempts),
+            );
         }
         if let Some(c) = g
             .previous
             .and_then(|p| cause(p, g.previous_class.as_deref()))
         {
-            retries.add(ps_with(&g.pipeline, &g.source, "cause", &c), float(g.attempts));
+            retries.add(
+                ps_with(&g.pipeline, &g.source, "cause", &c),
+                float(g.attempts),
+            );
         }
         durations.observe(ps(&g.pipeline, &g.source), &g.duration);
         let c = &g.counts;
@@ -540,13 +556,19 @@ fn queue(
     }
     for q in &ledger.queue {
         pending.set(p(&q.pipeline), float(q.pending));
-        let age = q.oldest_enqueued.map_or(0.0, |at| (ledger.now - at).max(0.0));
+        let age = q
+            .oldest_enqueued
+            .map_or(0.0, |at| (ledger.now - at).max(0.0));
         oldest.set(p(&q.pipeline), age);
     }
     for g in attempts {
         wait.observe(p(&g.pipeline), &g.wait);
     }
-    registry.register("tidemark_queue_pending", "Run keys waiting in the work queue", pending);
+    registry.register(
+        "tidemark_queue_pending",
+        "Run keys waiting in the work queue",
+        pending,
+    );
     registry.register(
         "tidemark_queue_oldest_pending_seconds",
         "Age of the oldest pending key's enqueue (0 when none)",
@@ -587,7 +609,10 @@ fn periods(
         }
     }
     for f in &ledger.freshness {
-        freshness.set(ps(&f.pipeline, &f.source), (ledger.now - f.done_through).max(0.0));
+        freshness.set(
+            ps(&f.pipeline, &f.source),
+            (ledger.now - f.done_through).max(0.0),
+        );
     }
     let mut length = Series::new(MetricType::Gauge);
     for (pl, c) in &configured.0 {

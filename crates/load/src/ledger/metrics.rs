@@ -176,7 +176,9 @@ fn bucket_sums(expr: &str, bounds: &[f64], prefix: &str) -> String {
         .iter()
         .enumerate()
         .map(|(i, b)| {
-            format!("CAST(SUM(CASE WHEN {expr} <= {b:?} THEN 1 ELSE 0 END) AS BIGINT) AS {prefix}{i}")
+            format!(
+                "CAST(SUM(CASE WHEN {expr} <= {b:?} THEN 1 ELSE 0 END) AS BIGINT) AS {prefix}{i}"
+            )
         })
         .collect::<Vec<_>>()
         .join(",\n       ")
@@ -346,18 +348,29 @@ pub(crate) async fn ledger_metrics<D: Driver>(driver: &D) -> Result<LedgerMetric
 async fn freshness<D: Driver>(tx: &mut D::Tx) -> Result<Vec<Freshness>, Error> {
     let mut first_open: HashMap<(String, String, String), String> = HashMap::new();
     tx.fetch_each(&first_open_sql(), &[], |row| {
-        let key = (row.text("pipeline")?, row.text("source")?, row.text("export_type")?);
+        let key = (
+            row.text("pipeline")?,
+            row.text("source")?,
+            row.text("export_type")?,
+        );
         first_open.insert(key, row.text("first_open")?);
         Ok(())
     })
     .await?;
     let mut keys = Vec::new();
     tx.fetch_each(&keys_sql(), &[], |row| {
-        keys.push((row.text("pipeline")?, row.text("source")?, row.text("export_type")?));
+        keys.push((
+            row.text("pipeline")?,
+            row.text("source")?,
+            row.text("export_type")?,
+        ));
         Ok(())
     })
     .await?;
-    let (bounded, unbounded) = (done_through_sql(D::DIALECT, true), done_through_sql(D::DIALECT, false));
+    let (bounded, unbounded) = (
+        done_through_sql(D::DIALECT, true),
+        done_through_sql(D::DIALECT, false),
+    );
     let mut newest: BTreeMap<(String, String), f64> = BTreeMap::new();
     for key in keys {
         let (pipeline, source, export_type) = &key;

@@ -37,8 +37,8 @@ pub use metrics::{
     AttemptGroup, Freshness, LedgerMetrics, Observed, PeriodCount, QueueDepth, DURATION_BUCKETS,
     SETTLE_MARGIN_SECONDS, WAIT_BUCKETS,
 };
-pub use workers::{HeldRun, WorkerEntry, WorkerInfo, WorkerKind, WorkerState};
 pub use rules::process_is_gone;
+pub use workers::{HeldRun, WorkerEntry, WorkerInfo, WorkerKind, WorkerState};
 
 /// The state of a run key (`_tm_runs.status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

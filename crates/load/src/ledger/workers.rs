@@ -186,7 +186,8 @@ pub(crate) async fn heartbeat<D: Driver>(driver: &D, id: &WorkerId) -> Result<bo
 /// Notes a graceful end.
 pub(crate) async fn stopped<D: Driver>(driver: &D, id: &WorkerId) -> Result<(), Error> {
     let now = D::DIALECT.now();
-    let sql = format!("UPDATE _tm_workers SET stopped_at = {now}, last_seen = {now} WHERE worker = $1");
+    let sql =
+        format!("UPDATE _tm_workers SET stopped_at = {now}, last_seen = {now} WHERE worker = $1");
     let mut tx = driver.begin().await?;
     tx.execute(&sql, &[Arg::Text(&id.owner())]).await?;
     tx.commit().await
