@@ -667,6 +667,20 @@ async fn a_killed_serve_is_dead_on_the_other(backend: Backend) {
         vec![vec![Some("stopped".to_string())]],
         "a graceful end is recorded"
     );
+
+    // `prune` keeps the table bounded: workers not seen for longer go.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    env.tidemark(&["prune", "--older-than", "1s"])
+        .expect_code(0, "prune");
+    let left = env
+        .db
+        .rows("SELECT CAST(COUNT(*) AS TEXT) FROM _tm_workers")
+        .await;
+    assert_eq!(
+        left,
+        vec![vec![Some("0".to_string())]],
+        "dead and stopped workers pruned"
+    );
 }
 
 backend_tests! {
