@@ -17,8 +17,8 @@ What it does, per database:
      PIPELINES pipelines x PERIODS daily run keys each, most `done` with one
      attempt, one in 997 `failed` after a `lost` and a `failed` attempt, the
      last 20 of each pipeline `pending` in the queue; half the attempts
-     claimed from the queue (a `queued_at`). Then ANALYZE, as autovacuum
-     would.
+     claimed from the queue (a `queued_at`). Then (VACUUM) ANALYZE, as
+     autovacuum would.
   2. Starts `serve --no-schedule --listen` over PIPELINES pipeline files
      (so every family is zero-filled for each) and GETs /metrics REQUESTS
      times in a row, after 3 warm-up requests:
@@ -142,7 +142,8 @@ SELECT id, 2, run_id, 'bench-host:2:0000beef', 'failed',
        rows_read, rows_inserted, rows_updated, rows_unchanged, rows_deleted, rows_rejected,
        'source', started_at, finished_at, NULL
 FROM _tm_runs WHERE status = 'failed';
-ANALYZE;
+VACUUM ANALYZE _tm_runs;
+VACUUM ANALYZE _tm_attempts;
 """
 
 

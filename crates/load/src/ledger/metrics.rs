@@ -9,7 +9,7 @@
 //! the whole history again. Nothing is grouped by period or run id: the
 //! result grows with pipelines and sources, never with periods.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use tidemark_core::Error;
 
@@ -53,7 +53,8 @@ impl Observed {
     }
 }
 
-/// Run keys of one pipeline and source in one state.
+/// Run keys of one pipeline and source in one state (one entry per export
+/// type: a reader sums them).
 #[derive(Debug, Clone)]
 pub struct PeriodCount {
     /// Pipeline.
@@ -286,12 +287,6 @@ fn done_through_sql(d: Dialect, before: bool) -> String {
     )
 }
 
-/// The pipeline, source and export type of every run key (from the index
-/// `_tm_runs_metrics`).
-fn keys_sql() -> String {
-    "SELECT DISTINCT pipeline, source, export_type FROM _tm_runs".to_string()
-}
-
 fn clock_sql(d: Dialect) -> String {
     format!(
         "SELECT {now} AS now, {settled} AS settled",
@@ -311,7 +306,13 @@ pub(crate) async fn ledger_metrics<D: Driver>(driver: &D) -> Result<LedgerMetric
         Ok(())
     })
     .await?;
+    let mut keys = BTreeSet::new();
     tx.fetch_each(&periods_sql(), &[], |row| {
+        keys.insert((
+            row.text("pipeline")?,
+            row.text("source")?,
+            row.text("export_type")?,
+        ));
         m.periods.push(PeriodCount {
             pipeline: row.text("pipeline")?,
             source: row.text("source")?,
@@ -330,7 +331,7 @@ pub(crate) async fn ledger_metrics<D: Driver>(driver: &D) -> Result<LedgerMetric
         Ok(())
     })
     .await?;
-    m.freshness = freshness::<D>(&mut tx).await?;
+    m.freshness = freshness::<D>(&mut tx, keys).await?;
     if d == Dialect::Postgres {
         let paused = "SELECT pipeline, source FROM _tm_rate_buckets WHERE paused_until > now()";
         tx.fetch_each(paused, &[], |row| {
@@ -344,8 +345,12 @@ pub(crate) async fn ledger_metrics<D: Driver>(driver: &D) -> Result<LedgerMetric
 }
 
 /// Per pipeline and source, the newest period up to which every recorded
-/// one is done (the latest over its export types).
-async fn freshness<D: Driver>(tx: &mut D::Tx) -> Result<Vec<Freshness>, Error> {
+/// one is done (the latest over its export types); `keys` are the
+/// pipeline, source and export type of every run key.
+async fn freshness<D: Driver>(
+    tx: &mut D::Tx,
+    keys: BTreeSet<(String, String, String)>,
+) -> Result<Vec<Freshness>, Error> {
     let mut first_open: HashMap<(String, String, String), String> = HashMap::new();
     tx.fetch_each(&first_open_sql(), &[], |row| {
         let key = (
@@ -354,16 +359,6 @@ async fn freshness<D: Driver>(tx: &mut D::Tx) -> Result<Vec<Freshness>, Error> {
             row.text("export_type")?,
         );
         first_open.insert(key, row.text("first_open")?);
-        Ok(())
-    })
-    .await?;
-    let mut keys = Vec::new();
-    tx.fetch_each(&keys_sql(), &[], |row| {
-        keys.push((
-            row.text("pipeline")?,
-            row.text("source")?,
-            row.text("export_type")?,
-        ));
         Ok(())
     })
     .await?;

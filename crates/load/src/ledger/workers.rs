@@ -213,10 +213,11 @@ pub(crate) async fn workers<D: Driver>(driver: &D) -> Result<Vec<WorkerEntry>, E
          FROM tidemark_v1_workers ORDER BY last_seen DESC, worker",
         last_seen_unix = unix_seconds(d, "last_seen"),
     );
+    // No ORDER BY: sorted here, so SQLite reads the few running keys from
+    // their partial index instead of walking another index for the order.
     let held = format!(
         "SELECT lease_owner, pipeline, source, period_start FROM _tm_runs
-         WHERE status = '{}' AND lease_owner IS NOT NULL
-         ORDER BY pipeline, source, period_start",
+         WHERE status = '{}' AND lease_owner IS NOT NULL",
         RunStatus::Running.as_str()
     );
     let mut tx = driver.begin_read().await?;
@@ -241,7 +242,15 @@ pub(crate) async fn workers<D: Driver>(driver: &D) -> Result<Vec<WorkerEntry>, E
     .await?;
     tx.commit().await?;
     for entry in &mut entries {
-        entry.holds = holds.remove(&entry.worker).unwrap_or_default();
+        let mut held = holds.remove(&entry.worker).unwrap_or_default();
+        held.sort_by(|a, b| {
+            (&a.pipeline, &a.source, &a.period_start).cmp(&(
+                &b.pipeline,
+                &b.source,
+                &b.period_start,
+            ))
+        });
+        entry.holds = held;
     }
     Ok(entries)
 }
