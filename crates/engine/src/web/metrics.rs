@@ -133,6 +133,21 @@ impl MetricsCache {
         self.refresh(store, true).await
     }
 
+    /// Begins the first read in the background when the server starts: it
+    /// counts the whole attempt history once (seconds for 500,000
+    /// attempts), which the first scrape would otherwise wait for.
+    pub(crate) fn warm(self: &Arc<Self>, store: Store) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let cache = Arc::clone(self);
+        runtime.spawn(async move {
+            if let Err(e) = cache.refresh(&store, true).await {
+                tracing::debug!(error = %e, "cannot read the ledger for /metrics yet");
+            }
+        });
+    }
+
     /// Refreshes before the snapshot ages past `max_age`, until nobody
     /// has scraped for [`IDLE_AFTER`].
     async fn keep_fresh(self: Arc<Self>, store: Store) {

@@ -60,6 +60,7 @@ pub fn router(view: ServiceView) -> Router {
 /// Every route, over `view`.
 pub fn router_with(view: ServiceView, options: WebOptions) -> Router {
     let cache = Arc::new(metrics::MetricsCache::new(options.metrics_max_age));
+    cache.warm(view.engine().store().clone());
     let state = WebState {
         view,
         metrics: cache,
