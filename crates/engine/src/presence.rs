@@ -206,3 +206,35 @@ async fn beat(store: Store, info: WorkerInfo, health: Health) {
         health.tick(HEARTBEAT_LOOP, bound);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_silent_past_its_bound_is_wedged_unless_busy_or_done() {
+        let health = Health::default();
+        health.tick("scheduler", Duration::from_millis(20));
+        health.tick("worker 0", Duration::from_secs(60));
+        assert!(health.wedged().is_empty());
+        std::thread::sleep(Duration::from_millis(40));
+        let wedged = health.wedged();
+        assert_eq!(wedged.len(), 1, "{wedged:?}");
+        assert_eq!(wedged[0].name, "scheduler");
+        assert!(wedged[0].silent > wedged[0].bound);
+
+        // Running a key of unbounded length is not being wedged.
+        health.busy("scheduler", Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(health.wedged().is_empty());
+
+        health.tick("worker 1", Duration::from_millis(1));
+        health.done("worker 1");
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(
+            health.wedged().is_empty(),
+            "a loop that ended is not judged"
+        );
+        assert_eq!(health.loops(), vec!["scheduler", "worker 0"]);
+    }
+}
