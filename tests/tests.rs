@@ -20,6 +20,7 @@ mod http;
 mod library;
 mod mark;
 mod memory_budget;
+mod observability;
 mod ownership;
 mod page;
 mod rate_limits;

@@ -365,6 +365,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "TEMPLATE", requires = "listen",
           value_parser = |t: &str| tidemark_engine::web::LogUrl::parse(t).map_err(|e| e.to_string()))]
     pub log_url: Option<tidemark_engine::web::LogUrl>,
+
+    /// The longest /metrics reuses what it read from the ledger before
+    /// reading it again (0s: at every scrape). While scrapes come it is
+    /// refreshed in the background, so a scrape does not wait for it.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub metrics_max_age: std::time::Duration,
 }
 
 #[derive(Debug, Args)]

@@ -34,8 +34,11 @@ pub async fn serve(setup: &Setup<'_>, args: ServeArgs) -> Result<Exit, Error> {
             return Err(crate::exit::flag(e, "pipelines folder", "--pipelines"));
         }
     };
+    // In the ledger's workers before the endpoints answer.
+    service.announce().await;
     let options = tidemark_engine::web::WebOptions {
         log_url: args.log_url,
+        metrics_max_age: args.metrics_max_age,
     };
     let web = match listen(&service, args.listen, options).await {
         Ok(web) => web,

@@ -11,10 +11,13 @@ use futures_util::{Stream, StreamExt};
 use tidemark_core::spec::SourceSpec;
 use tidemark_core::{Error, Period, Pipeline, RunKey};
 use tidemark_extract::{BuiltInSources, OpenSource};
-use tidemark_load::{EnqueuedBy, Mark, MarkAs, Marked, QueueKey, RunStatus, Store, WorkerId};
+use tidemark_load::{
+    EnqueuedBy, Mark, MarkAs, Marked, QueueKey, RunStatus, Store, WorkerId, WorkerKind,
+};
 
 use crate::clock::{Clock, SystemClock};
 use crate::plan::{self, Ask, Intent, PeriodRange, Planned, Planner};
+use crate::presence::{Health, Presence};
 use crate::run::{Context, Job, Outcome, RunFlags};
 use crate::shutdown::Shutdown;
 
@@ -78,13 +81,23 @@ impl EngineBuilder {
 
     /// The engine.
     pub fn build(self) -> Engine {
+        let worker = self.worker.unwrap_or_else(Engine::this_process);
+        let health = Health::default();
+        let presence = Presence::new(
+            self.store.clone(),
+            worker.clone(),
+            self.lease_ttl,
+            health.clone(),
+        );
         Engine {
             store: self.store,
-            worker: self.worker.unwrap_or_else(Engine::this_process),
+            worker,
             ctx: Context {
                 shutdown: self.shutdown,
                 lease_ttl: self.lease_ttl,
                 clock: self.clock,
+                presence,
+                health,
             },
             sources: Arc::new(self.sources),
         }
@@ -178,6 +191,17 @@ impl Engine {
     /// This engine's worker identity.
     pub fn worker(&self) -> &WorkerId {
         &self.worker
+    }
+
+    /// The ticks of this engine's loops, as `/healthz` judges them.
+    pub fn health(&self) -> &Health {
+        &self.ctx.health
+    }
+
+    /// Records this process in the ledger's workers (once) and keeps it
+    /// seen while it runs: a `serve` calls it at start.
+    pub async fn register_worker(&self, kind: WorkerKind, slots: u32) {
+        self.ctx.presence.ensure(kind, slots).await;
     }
 
     pub(crate) fn context(&self) -> &Context {
@@ -384,8 +408,10 @@ impl Engine {
         format!("mark:{user}@{}:{}", me.host, me.pid)
     }
 
-    /// Closes the store's connections (SQLite: checkpoints its WAL).
+    /// Notes this worker's graceful end in the ledger (when it worked) and
+    /// closes the store's connections (SQLite: checkpoints its WAL).
     pub async fn close(&self) {
+        self.ctx.presence.stop().await;
         self.store.close().await;
     }
 

@@ -48,6 +48,8 @@ mod dry_run;
 mod engine;
 pub mod plan;
 mod prepare;
+mod presence;
+mod rate_stats;
 mod run;
 mod service;
 mod shutdown;
@@ -60,6 +62,8 @@ pub use clock::{Clock, ManualClock, ShiftedClock, SystemClock};
 pub use dry_run::{dry_run, DryLine, Target, ACTIONS};
 pub use engine::{Engine, EngineBuilder, KeyOutcome, RunEvent, RunMany, DEFAULT_LEASE_TTL};
 pub use prepare::ABSENT_NOTE;
+pub use presence::{Health, Wedged, HEARTBEAT_LOOP};
+pub use rate_stats::{rate_stats, RateStat};
 pub use run::{Backoff, Outcome, RunFlags};
 pub use service::{
     Reloader, Service, ServiceConfig, ServiceEnd, ServiceView, Worked, SCHEDULE_PRIORITY,
@@ -69,5 +73,6 @@ pub use shutdown::Shutdown;
 pub use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
 pub use tidemark_extract::{Batch, BatchSource, Checkpoint, OpenRequest, OpenSource};
 pub use tidemark_load::{
-    AttemptEntry, HeldKey, History, LedgerEntry, MarkAs, Marked, RejectEntry, Store, WorkerId,
+    AttemptEntry, HeldKey, History, LedgerEntry, MarkAs, Marked, RejectEntry, Store, WorkerEntry,
+    WorkerId, WorkerKind, WorkerState,
 };

@@ -107,9 +107,11 @@ pub(crate) fn rate_gate(
     };
     let limit = spec.rate_limit?;
     let name = &pipeline.spec.name;
-    store
+    let gate = store
         .rate_gate(name, &spec.id, limit)
-        .or_else(|| tidemark_extract::local_gate(name, &spec.id, limit))
+        .or_else(|| tidemark_extract::local_gate(name, &spec.id, limit))?;
+    // Counted for /metrics (tidemark_rate_limit_wait_seconds_total).
+    Some(crate::rate_stats::MeteredGate::wrap(name, &spec.id, gate))
 }
 
 async fn produce(

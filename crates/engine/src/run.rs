@@ -10,12 +10,13 @@ use tidemark_core::{Error, KeyMap, Origin, Pipeline, RetryPolicy, Row, RunKey};
 use tidemark_extract::Checkpoint;
 use tidemark_load::{
     Claim, ClaimRequest, ClaimedRun, Counts, Lease, Reconcile, Reject, RunWriter, Store,
-    TableSchema, WorkerId, WriterOptions,
+    TableSchema, WorkerId, WorkerKind, WriterOptions,
 };
 use tidemark_transform::Transformer;
 
 use crate::clock::Clock;
 use crate::prepare::{self, Batches};
+use crate::presence::{Health, Presence};
 use crate::shutdown::Shutdown;
 use tidemark_extract::OpenSource;
 use tracing::Instrument;
@@ -27,6 +28,10 @@ pub(crate) struct Context {
     pub shutdown: Shutdown,
     pub lease_ttl: Duration,
     pub clock: Arc<dyn Clock>,
+    /// This process as a worker in the ledger.
+    pub presence: Presence,
+    /// The ticks of this process's loops (`/healthz`).
+    pub health: Health,
 }
 
 /// How often `--wait` asks the ledger again.
@@ -217,7 +222,12 @@ impl Job {
             return Outcome::Stopped;
         }
         let run = match self.claim(ctx).await {
-            Ok(Some(Claim::Claimed(run))) => *run,
+            Ok(Some(Claim::Claimed(run))) => {
+                // A command that runs keys is a worker too: seen in the
+                // ledger while it runs (a no-op under `serve`).
+                ctx.presence.ensure(WorkerKind::Cli, 1).await;
+                *run
+            }
             Ok(Some(Claim::Done(result))) => return Outcome::AlreadyDone(result),
             Ok(Some(Claim::Held { owner, .. })) => return Outcome::Held { owner },
             Ok(None) => return Outcome::Stopped,

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tidemark_core::{Error, Period, Pipeline, RunKey};
-use tidemark_load::{ClaimRequest, EnqueuedBy, QueuePipeline, QueuedRun, RunStatus};
+use tidemark_load::{ClaimRequest, EnqueuedBy, QueuePipeline, QueuedRun, RunStatus, WorkerKind};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -40,6 +40,13 @@ pub const SCHEDULE_PRIORITY: i64 = 1440;
 
 /// The longest the scheduler sleeps before looking at the clock again.
 const SCHEDULER_TICK: Duration = Duration::from_secs(60);
+
+/// The scheduler's loop in [`crate::Health`].
+pub const SCHEDULER_LOOP: &str = "scheduler";
+
+/// How long past its poll interval an idle worker slot may stay silent
+/// (a claim waiting on a busy database) before `/healthz` calls it wedged.
+const WORKER_PATIENCE: Duration = Duration::from_secs(30);
 
 /// How a [`Service`] works.
 #[derive(Debug, Clone)]
@@ -154,6 +161,18 @@ impl Service {
         }
     }
 
+    /// Records this service in the ledger's workers (once; [`Service::run`]
+    /// does it too) and keeps it seen until [`Engine::close`]: a program
+    /// that serves endpoints calls it first, so they never show the
+    /// service missing from its own workers.
+    pub async fn announce(&self) {
+        let slots = u32::from(self.shared.config.workers);
+        self.shared
+            .engine
+            .register_worker(WorkerKind::Serve, slots)
+            .await;
+    }
+
     /// The names of the pipelines served now.
     pub fn pipeline_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.shared.pipelines().by_name.keys().cloned().collect();
@@ -175,6 +194,7 @@ impl Service {
             pipelines = shared.pipelines().by_name.len(),
             "serving"
         );
+        self.announce().await;
         background.spawn(listen_for_work(Arc::clone(shared)));
         if config.schedule {
             // The first fire of every schedule comes before any worker looks
@@ -429,8 +449,15 @@ impl Pipelines {
 /// left for this process.
 async fn work(shared: Arc<Shared>, slot: u16) {
     let shutdown = shared.engine.shutdown();
+    let health = shared.engine.health();
+    let name = format!("worker {slot}");
+    // An idle slot looks at the queue at least every poll interval; a
+    // claim is a few statements. Silent far longer, it is wedged.
+    let bound = shared.config.poll * 3 + WORKER_PATIENCE;
     loop {
+        health.tick(&name, bound);
         if shutdown.requested() {
+            health.done(&name);
             return;
         }
         let pipelines = shared.pipelines();
@@ -438,11 +465,13 @@ async fn work(shared: Arc<Shared>, slot: u16) {
         let request = shared.claim_request();
         match shared.engine.store().claim_next(&queue, &request).await {
             Ok(Some(queued)) => {
+                health.busy(&name, bound);
                 run_queued(&shared, &pipelines, queued).await;
             }
             Ok(None) => {
                 if shared.config.drain && !work_left(&shared, &queue).await {
                     tracing::info!(slot, "nothing left to do: worker done (--drain)");
+                    health.done(&name);
                     return;
                 }
                 idle(&shared).await;
@@ -638,7 +667,11 @@ async fn listen_for_work(shared: Arc<Shared>) {
 /// Fires each scheduled pipeline on its schedule (the first fire, at
 /// start-up, has happened) and queues what is due.
 async fn schedule(shared: Arc<Shared>) {
+    let health = shared.engine.health();
+    // It sleeps at most a tick between two looks at the clock.
+    let bound = SCHEDULER_TICK * 2;
     loop {
+        health.tick(SCHEDULER_LOOP, bound);
         let now = shared.engine.now();
         let tick = now + chrono::Duration::from_std(SCHEDULER_TICK).unwrap_or_default();
         let next = next_fire(&shared).unwrap_or(tick);
@@ -646,8 +679,13 @@ async fn schedule(shared: Arc<Shared>) {
         tokio::select! {
             () = tokio::time::sleep(sleep) => {}
             () = shared.reloaded.notified() => {}
-            () = shared.engine.shutdown().wait() => return,
+            () = shared.engine.shutdown().wait() => {
+                health.done(SCHEDULER_LOOP);
+                return;
+            }
         }
+        // Queuing a first fire over many periods takes as long as it takes.
+        health.busy(SCHEDULER_LOOP, bound);
         fire_due(&shared).await;
     }
 }

@@ -34,6 +34,11 @@ pub use ledger::{
     Marked, QueueKey, QueuePipeline, QueuedRun, RejectEntry, RunStatus, StartRange, StoredClass,
     UnknownClass, UnknownState, WorkerId, FIRST_REJECTS,
 };
+pub use ledger::{
+    AttemptGroup, Freshness, HeldRun, LedgerMetrics, Observed, PeriodCount, QueueDepth,
+    WorkerEntry, WorkerInfo, WorkerKind, WorkerState, DURATION_BUCKETS, SETTLE_MARGIN_SECONDS,
+    WAIT_BUCKETS,
+};
 pub use schema::TableSchema;
 pub use writer::{Reconcile, Reject, RunWriter, WriterOptions};
 
@@ -355,8 +360,63 @@ impl Store {
         dispatch!(self, s => ledger::history::history(s, entry).await)
     }
 
-    /// Deletes attempt history and rejects older than `age`. Returns the
-    /// number of attempt rows and reject rows removed.
+    /// Records this worker in `_tm_workers` (again, after a prune).
+    pub async fn register_worker(&self, info: &WorkerInfo) -> Result<(), Error> {
+        dispatch!(self, s => ledger::workers::register(s, info).await)
+    }
+
+    /// Renews the worker's `last_seen`; `false` when it has no live row
+    /// (register again).
+    pub async fn worker_heartbeat(&self, worker: &WorkerId) -> Result<bool, Error> {
+        dispatch!(self, s => ledger::workers::heartbeat(s, worker).await)
+    }
+
+    /// Notes the worker's graceful end.
+    pub async fn worker_stopped(&self, worker: &WorkerId) -> Result<(), Error> {
+        dispatch!(self, s => ledger::workers::stopped(s, worker).await)
+    }
+
+    /// Every worker the ledger knows, live, dead or stopped (judged by the
+    /// database's clock), with the run keys each holds.
+    pub async fn workers(&self) -> Result<Vec<WorkerEntry>, Error> {
+        dispatch!(self, s => ledger::workers::workers(s).await)
+    }
+
+    /// The state of the run keys for `/metrics` (one read transaction).
+    pub async fn ledger_metrics(&self) -> Result<LedgerMetrics, Error> {
+        dispatch!(self, s => ledger::metrics::ledger_metrics(s).await)
+    }
+
+    /// The attempts that ended after `after` and up to `until` (the
+    /// ledger's time text, [`LedgerMetrics::settled`]; `None`: unbounded),
+    /// grouped for `/metrics`.
+    pub async fn attempt_metrics(
+        &self,
+        after: Option<&str>,
+        until: Option<&str>,
+    ) -> Result<Vec<AttemptGroup>, Error> {
+        dispatch!(self, s => ledger::metrics::attempts_between(s, after, until).await)
+    }
+
+    /// Whether the database answers and holds every ledger migration this
+    /// build expects (`/readyz`); the error says which is missing.
+    pub async fn ready(&self) -> Result<(), Error> {
+        let (migrator, applied) = match &self.backend {
+            Backend::Sqlite(s) => (
+                sqlite::SqliteStore::migrator(),
+                s.applied_migrations().await?,
+            ),
+            Backend::Postgres(s) => (postgres::PgStore::migrator(), s.applied_migrations().await?),
+        };
+        match missing_migration(&migrator, &applied) {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Deletes attempt history and rejects older than `age`, and workers
+    /// not seen for as long. Returns the number of attempt rows and reject
+    /// rows removed.
     pub async fn prune(&self, age: Duration) -> Result<(u64, u64), Error> {
         dispatch!(self, s => flow::prune(s, age).await)
     }

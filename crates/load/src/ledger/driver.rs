@@ -96,6 +96,22 @@ impl Record {
             .ok_or_else(|| corrupt(name, "is NULL, not an integer"))
     }
 
+    /// A number as a float (SQLite may hand back an integer for a sum).
+    #[allow(clippy::cast_precision_loss)] // counts and seconds, far below 2^53
+    pub(crate) fn opt_float(&self, name: &str) -> Result<Option<f64>, Error> {
+        match self.cell(name)? {
+            Cell::Null => Ok(None),
+            Cell::Float(f) => Ok(Some(*f)),
+            Cell::Int(n) => Ok(Some(*n as f64)),
+            other => Err(corrupt(name, &format!("holds {other:?}, not a number"))),
+        }
+    }
+
+    pub(crate) fn float(&self, name: &str) -> Result<f64, Error> {
+        self.opt_float(name)?
+            .ok_or_else(|| corrupt(name, "is NULL, not a number"))
+    }
+
     pub(crate) fn opt_text(&self, name: &str) -> Result<Option<String>, Error> {
         match self.cell(name)? {
             Cell::Null => Ok(None),

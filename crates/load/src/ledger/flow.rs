@@ -141,6 +141,8 @@ async fn take<D: Driver>(
         }
     };
     let attempt = row.int("attempt")? + 1;
+    // A pending key waited in the queue: its attempt records since when.
+    let queued = row.state::<RunStatus>("status")? == RunStatus::Pending;
     let (run_id, counts, batches, seen, resume) = match resume {
         Some((checkpoint, run_id)) => {
             let seen = load_seen::<D>(tx, run_ref, &run_id).await?;
@@ -193,6 +195,7 @@ async fn take<D: Driver>(
             Arg::Text(&owner),
             Arg::Bool(!fresh),
             Arg::OptInt((!fresh).then_some(batches)),
+            Arg::Bool(queued),
         ],
     )
     .await?;
@@ -778,7 +781,12 @@ pub(crate) async fn prune<D: Driver>(driver: &D, age: Duration) -> Result<(u64, 
     let mut tx = driver.begin().await?;
     let attempts = tx.execute(&s.prune_attempts, &age).await?;
     let rejects = tx.execute(&s.prune_rejects, &age).await?;
+    // Workers not seen for as long are gone: the table stays bounded.
+    let workers = super::workers::prune(&mut tx, D::DIALECT, age[0]).await?;
     tx.commit().await?;
+    if workers > 0 {
+        tracing::info!(workers, "pruned workers not seen for as long");
+    }
     Ok((attempts, rejects))
 }
 

@@ -16,11 +16,13 @@ pub(crate) mod flow;
 pub(crate) mod grid;
 pub(crate) mod history;
 pub(crate) mod mark;
+pub(crate) mod metrics;
 pub(crate) mod params;
 pub(crate) mod preview;
 mod rules;
 pub(crate) mod sql;
 mod stale;
+pub(crate) mod workers;
 
 use std::fmt;
 use std::str::FromStr;
@@ -33,8 +35,13 @@ pub use class::{StoredClass, UnknownClass};
 pub use grid::GridRow;
 pub use history::{AttemptEntry, History, RejectEntry, FIRST_REJECTS};
 pub use mark::{HeldKey, Mark, MarkAs, Marked};
+pub use metrics::{
+    AttemptGroup, Freshness, LedgerMetrics, Observed, PeriodCount, QueueDepth, DURATION_BUCKETS,
+    SETTLE_MARGIN_SECONDS, WAIT_BUCKETS,
+};
 pub use rules::process_is_gone;
 pub use stale::stale_reason;
+pub use workers::{HeldRun, WorkerEntry, WorkerInfo, WorkerKind, WorkerState};
 
 /// The state of a run key (`_tm_runs.status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -37,7 +37,7 @@ impl Dialect {
     }
 
     /// The current time minus `param` seconds (a float parameter).
-    fn now_minus_secs(self, param: &str) -> String {
+    pub(crate) fn now_minus_secs(self, param: &str) -> String {
         match self {
             Dialect::Postgres => format!("now() - make_interval(secs => {param})"),
             Dialect::Sqlite => {
@@ -383,7 +383,9 @@ pub(crate) struct Statements {
     /// Starts an attempt on the run row: binds [`StartAttempt`].
     pub start_attempt: String,
     /// `$1` run ref, `$2` attempt, `$3` run id, `$4` worker, `$5` resumed,
-    /// `$6` the batch count it continues from (NULL when it starts fresh).
+    /// `$6` the batch count it continues from (NULL when it starts fresh),
+    /// `$7` the key was claimed from the queue (`pending`): its
+    /// `enqueued_at` becomes the attempt's `queued_at`.
     pub insert_attempt: String,
     /// `$1` lease seconds, `$2` run ref, `$3` attempt.
     pub heartbeat: String,
@@ -541,8 +543,10 @@ impl Statements {
                 &StartAttempt::names(),
             ),
             insert_attempt: format!(
-                "INSERT INTO _tm_attempts (run_ref, attempt, run_id, worker, status, resumed, from_batch, started_at)
-                 VALUES ($1, $2, $3, $4, '{attempt_running}', $5, $6, {now})"
+                "INSERT INTO _tm_attempts (run_ref, attempt, run_id, worker, status, resumed, from_batch, started_at,
+                                           queued_at)
+                 VALUES ($1, $2, $3, $4, '{attempt_running}', $5, $6, {now},
+                         CASE WHEN $7 THEN (SELECT enqueued_at FROM _tm_runs WHERE id = $1) END)"
             ),
             heartbeat: format!(
                 "UPDATE _tm_runs SET lease_expires_at = {}

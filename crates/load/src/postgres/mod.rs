@@ -184,11 +184,19 @@ impl PgStore {
         Ok(listener)
     }
 
+    /// The versions of the ledger migrations applied (`/readyz`).
+    pub(crate) async fn applied_migrations(&self) -> Result<Vec<i64>, Error> {
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_error)
+    }
+
     pub(crate) async fn close(&self) {
         self.pool.close().await;
     }
 
-    fn migrator() -> sqlx::migrate::Migrator {
+    pub(crate) fn migrator() -> sqlx::migrate::Migrator {
         sqlx::migrate!("../../migrations/postgres")
     }
 

@@ -259,6 +259,14 @@ impl SqliteStore {
     /// connection closes, and the pool closes its connections at once, so
     /// none of them may be "last". Waits at most 1 s for another process's
     /// transaction; its own last close checkpoints then.
+    /// The versions of the ledger migrations applied (`/readyz`).
+    pub(crate) async fn applied_migrations(&self) -> Result<Vec<i64>, Error> {
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(crate::db_error::db_error)
+    }
+
     pub(crate) async fn close(&self) {
         self.kept.release_all();
         if self.read_only {
