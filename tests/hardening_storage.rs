@@ -163,12 +163,21 @@ async fn batch_waiting_on_its_table_keeps_its_lease_and_claims_answer_held_postg
 #[tokio::test]
 async fn full_disk_leaves_no_key_running_sqlite() {
     let env = Env::orders(Backend::Sqlite).await;
+    // The first two days are large (about 2 MiB each) and the disk keeps
+    // 512 KiB free: a claim (a few pages per commit, whatever indexes the
+    // ledger has) always fits, and the disk fills inside a period's batch,
+    // the case this test is about. A margin that a claim could use up would
+    // fail the claims instead, which leaves nothing in flight to record.
+    for day in ["01", "02"] {
+        big_orders_day(&env, day, 20_000);
+    }
     let (disk, file, url) = crate::storage::sqlite_on_small_disk(&env, "64M");
     env.tidemark_at(&url, &["migrate"])
         .expect_code(0, "migrate on the roomy disk");
-    disk.resize(&format!("{}k", disk.used_kib() + 96));
+    disk.resize(&format!("{}k", disk.used_kib() + 512));
     let out = crate::storage::january(&env, &url);
     out.expect_code(1, "backfill onto a full disk");
+    assert!(out.stderr.contains("disk is full"), "{out}");
     disk.resize("64M");
     let mut db = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
         .await
@@ -184,6 +193,22 @@ async fn full_disk_leaves_no_key_running_sqlite() {
         .await
         .expect("read the ledger");
     assert!(failed >= 1, "the failure is recorded\n{out}");
+}
+
+/// Replaces the orders example's file of 2024-01-DAY with `rows` orders.
+fn big_orders_day(env: &Env, day: &str, rows: usize) {
+    let mut csv = String::from("order_id,customer,total,currency,status,created,note\n");
+    for i in 0..rows {
+        csv.push_str(&format!(
+            "O-202401{day}-{i:06},customer-{i},{}.{:02},,paid,{day}.01.2024 12:00,a note long enough to weigh {i}\n",
+            i % 1000,
+            i % 100
+        ));
+    }
+    env.write(
+        format!("pipelines/data/orders/2024/01/{day}/orders.csv"),
+        &csv,
+    );
 }
 
 /// A holder stopped (`SIGSTOP`) inside its batch transaction frees the run

@@ -63,6 +63,22 @@ const PERIODS: &[(&str, &str, &str)] = &[
     ("mark_note", "text", "TEXT"),
 ];
 
+/// `tidemark_v1_workers`, as [`PERIODS`].
+const WORKERS: &[(&str, &str, &str)] = &[
+    ("worker", "text", "TEXT"),
+    ("host", "text", "TEXT"),
+    ("pid", "bigint", "INTEGER"),
+    ("version", "text", "TEXT"),
+    ("kind", "text", "TEXT"),
+    ("slots", "bigint", "INTEGER"),
+    ("lease_ttl_ms", "bigint", "INTEGER"),
+    ("heartbeat_ms", "bigint", "INTEGER"),
+    ("started_at", "timestamp with time zone", "TEXT"),
+    ("last_seen", "timestamp with time zone", "TEXT"),
+    ("stopped_at", "timestamp with time zone", "TEXT"),
+    ("state", "text", ""),
+];
+
 /// `tidemark_v1_attempts`, as [`PERIODS`].
 const ATTEMPTS: &[(&str, &str, &str)] = &[
     ("pipeline", "text", "TEXT"),
@@ -336,6 +352,7 @@ async fn views_keep_their_columns(backend: Backend) {
     for (view, spec) in [
         ("tidemark_v1_periods", PERIODS),
         ("tidemark_v1_attempts", ATTEMPTS),
+        ("tidemark_v1_workers", WORKERS),
     ] {
         let expected: Vec<(String, String)> = spec
             .iter()
@@ -352,6 +369,7 @@ async fn views_keep_their_columns(backend: Backend) {
     // Readable, and empty, before anything ran.
     assert_eq!(env.db.count("FROM tidemark_v1_periods").await, 0);
     assert_eq!(env.db.count("FROM tidemark_v1_attempts").await, 0);
+    assert_eq!(env.db.count("FROM tidemark_v1_workers").await, 0);
 }
 
 /// The JSON log lines of a run on stderr.

@@ -33,7 +33,11 @@ ALTER TABLE _tm_attempts ADD COLUMN queued_at TEXT;
 -- keys not done; the newest done one before it is then one look-up in the
 -- run key's unique index. Attempts are read by `finished_at` (indexed
 -- since 0001) as they end, never all at once after the first scrape.
-CREATE INDEX _tm_runs_metrics ON _tm_runs (pipeline, source, export_type, status);
+-- `status` leads: an index led by (pipeline, source, export_type) would
+-- compete with the unique index for look-ups of one run key, and a planner
+-- without statistics (a fresh ledger filling with a million keys) picked
+-- it, reading every key of the pipeline per look-up.
+CREATE INDEX _tm_runs_metrics ON _tm_runs (status, pipeline, source, export_type);
 CREATE INDEX _tm_runs_open ON _tm_runs (pipeline, source, export_type, period_start)
     WHERE status <> 'done';
 

@@ -189,7 +189,7 @@ fn bucket_sums(expr: &str, bounds: &[f64], prefix: &str) -> String {
 /// in order, and never sorted (export types are summed by the reader).
 fn periods_sql() -> String {
     "SELECT pipeline, source, export_type, status, COUNT(*) AS n FROM _tm_runs
-     GROUP BY pipeline, source, export_type, status"
+     GROUP BY status, pipeline, source, export_type"
         .to_string()
 }
 
