@@ -3,6 +3,11 @@
 //! [`exit`]: 0 ok, 1 a run failed, 2 usage/configuration, 75 held
 //! elsewhere, 130/143 aborted by a second signal).
 
+// The doc comments of `cli.rs` are the `--help` text clap prints, written
+// for a terminal: `[schedule]` names a TOML table and URLs are examples, so
+// rustdoc's link lints do not apply to them.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::bare_urls)]
+
 /// `println!` that ignores a closed stdout (`tidemark status | head`):
 /// output is best-effort, the run's effect and exit code are not.
 macro_rules! say {

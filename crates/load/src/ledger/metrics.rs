@@ -145,7 +145,7 @@ pub struct Freshness {
 
 /// The ledger's state for `/metrics`, as of `now` (the database's clock,
 /// in Unix seconds). Attempts are read apart, by when they ended
-/// ([`attempts_between`]), so a scraper reads each one once.
+/// (`attempts_between`), so a scraper reads each one once.
 #[derive(Debug, Clone, Default)]
 pub struct LedgerMetrics {
     /// The database's clock when read.

@@ -241,7 +241,7 @@ pub struct Counts {
 
 impl Counts {
     /// The ledger's count columns (and the counts' names in a run's
-    /// result and in `status --json`), in the order of [`Counts::values`].
+    /// result and in `status --json`), in the order of `Counts::values`.
     pub const COLUMNS: [&'static str; 8] = [
         "rows_read",
         "rows_inserted",

@@ -35,7 +35,7 @@ enum Part {
 /// Why a log URL template is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LogUrlError {
-    /// A `{name}` that is none of [`PLACEHOLDERS`].
+    /// A `{name}` that is none of the placeholders (`PLACEHOLDERS`).
     #[error(
         "unknown placeholder {{{0}}} (known: {{run_id}}, {{attempt}}, {{pipeline}}, {{period}})"
     )]
