@@ -20,10 +20,22 @@ Measured in one invocation, at tidemark's defaults unless said:
      empty queue; keys are queued one at a time, 150 ms apart; latency is
      `started_at - enqueued_at` of each key (both by the database's clock).
   3. `backfill --enqueue` of 100,000 hourly periods: seconds.
+  4. The queue at any backlog (`--backlog`, on SQLite and PostgreSQL):
+     1,000 and then 250,000 pending hourly keys (`backfill --enqueue`,
+     timed, its peak RSS measured); one `serve --no-schedule --workers 2`
+     works the queue for 20 s; its rate is done keys per second between the
+     first and the last `finished_at` (startup excluded). Printed: each
+     rate and the ratio 250,000 / 1,000 (target >= 0.8). The periods have
+     no file (`missing = "empty"`), so both backlogs do the same work per
+     key and only the queue differs.
+
+    python3 bench/queue.py --backlog       # only case 4, both databases
 """
 
 import argparse
 import os
+import signal
+import sqlite3
 import shutil
 import statistics
 import subprocess
@@ -212,6 +224,94 @@ def enqueue_time(work, n):
         return took
 
 
+# Case 4: the backlog. 250,000 hours from 1990 end in 2018: all due.
+BACKLOG_START = datetime(1990, 1, 1)
+BACKLOG_PIPELINE = PIPELINE  # missing = "empty": a period without its file is empty
+
+
+def measured(cmd, cwd):
+    """Runs `cmd`; returns (seconds, peak RSS in MiB), polling VmHWM."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]))
+        except OSError:
+            pass
+        time.sleep(0.01)
+    took = time.monotonic() - started
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr.read()[-2000:]}")
+    return took, peak / 1024
+
+
+class SqliteFile:
+    """A fresh SQLite ledger file in the work folder."""
+
+    def __init__(self, work):
+        self.path = os.path.join(work, f"queue-{uuid.uuid4().hex[:8]}.db")
+        self.url = f"sqlite://{self.path}"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for suffix in ("", "-wal", "-shm", "-tidemark-reserve"):
+            try:
+                os.remove(self.path + suffix)
+            except OSError:
+                pass
+
+    def scalar(self, sql):
+        with sqlite3.connect(self.path) as db:
+            return db.execute(sql).fetchone()[0]
+
+
+def backlog_rate(work, backend, n, window):
+    """Enqueue `n` keys, work the queue for `window` seconds: (enqueue s,
+    enqueue MiB, done keys, keys/s between first and last finish)."""
+    last = BACKLOG_START + timedelta(hours=n - 1)
+    ctx = Database() if backend == "postgres" else SqliteFile(work)
+    with ctx as db:
+        tidemark(work, db.url, "migrate")
+        took, mib = measured(
+            [BIN, "--database-url", db.url, "backfill", "small", "--from", label(BACKLOG_START),
+             "--to", label(last), "--enqueue"],
+            work,
+        )
+        server = tidemark(work, db.url, "serve", "--no-schedule", "--workers", "2", background=True)
+        time.sleep(window)
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+        if backend == "postgres":
+            done = int(psql(db.url, "SELECT count(*) FROM _tm_runs WHERE status = 'done'"))
+            span = float(psql(db.url, "SELECT COALESCE(EXTRACT(EPOCH FROM max(finished_at) - min(finished_at)), 0) "
+                                      "FROM _tm_runs WHERE status = 'done'"))
+        else:
+            done = db.scalar("SELECT count(*) FROM _tm_runs WHERE status = 'done'")
+            span = db.scalar("SELECT COALESCE((julianday(max(finished_at)) - julianday(min(finished_at))) * 86400, 0) "
+                             "FROM _tm_runs WHERE status = 'done'")
+        rate = (done - 1) / span if done > 1 and span > 0 else 0.0
+        return took, mib, done, rate
+
+
+def backlog(work, backends, small, large, window):
+    print(f"{'database':>9} {'pending':>8} {'enqueue s':>10} {'enqueue MiB':>12} {'done':>6} {'keys/s':>8}")
+    for backend in backends:
+        rates = {}
+        for n in (small, large):
+            took, mib, done, rate = backlog_rate(work, backend, n, window)
+            rates[n] = rate
+            print(f"{backend:>9} {n:>8,} {took:>10.2f} {mib:>12.0f} {done:>6} {rate:>8.1f}")
+        ratio = rates[large] / rates[small] if rates[small] else 0.0
+        print(f"{backend:>9}: rate at {large:,} pending / rate at {small:,} pending = {ratio:.2f}x (target >= 0.8)")
+
+
 def percentile(values, p):
     values = sorted(values)
     k = min(len(values) - 1, max(0, round(p / 100 * (len(values) - 1))))
@@ -225,7 +325,25 @@ def main():
     parser.add_argument("--latency-keys", type=int, default=40)
     parser.add_argument("--enqueue", type=int, default=100_000, help="periods for the enqueue timing")
     parser.add_argument("--quick", action="store_true", help="300 periods, 1 repeat, 10 latency keys, 10,000 enqueued")
+    parser.add_argument("--backlog", action="store_true", help="only case 4: the queue rate at 1,000 and 250,000 pending")
+    parser.add_argument("--backlog-sizes", default="1000,250000", help="the small and the large backlog")
+    parser.add_argument("--backlog-window", type=float, default=20.0, help="seconds of work per backlog")
+    parser.add_argument("--backend", choices=["postgres", "sqlite", "both"], default="both", help="databases of case 4")
     args = parser.parse_args()
+    if args.backlog:
+        if not os.path.exists(BIN):
+            sys.exit(f"{BIN} missing: run `cargo build --release` first")
+        small, large = (int(x) for x in args.backlog_sizes.split(","))
+        backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
+        work = tempfile.mkdtemp(prefix="tidemark-queue-bench-")
+        try:
+            os.makedirs(os.path.join(work, "pipelines"))
+            with open(os.path.join(work, "pipelines", "small.toml"), "w") as f:
+                f.write(BACKLOG_PIPELINE)
+            backlog(work, backends, small, large, args.backlog_window)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     if args.quick:
         args.sizes, args.repeat, args.latency_keys, args.enqueue = "300", 1, 10, 10_000
     if not os.path.exists(BIN):

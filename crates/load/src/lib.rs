@@ -72,6 +72,19 @@ macro_rules! dispatch {
     };
 }
 
+/// How the database reads the work queue for a claim: one line per row of
+/// `EXPLAIN` (PostgreSQL) or `EXPLAIN QUERY PLAN` (SQLite). A claim must
+/// cost O(log n) in the backlog, so the tests check these plans: `next`
+/// reads the queue index in rank order and sorts nothing; `takeover` reads
+/// only running keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimPlan {
+    /// The scan for running keys whose holder is gone.
+    pub takeover: Vec<String>,
+    /// The read of the first claimable pending key.
+    pub next: Vec<String>,
+}
+
 impl Store {
     /// Connects to `url` (`sqlite://path` — created when missing — or
     /// `postgres://...`) and applies the ledger migrations.
@@ -243,6 +256,12 @@ impl Store {
         me: &WorkerId,
     ) -> Result<bool, Error> {
         dispatch!(self, s => flow::work_left(s, pipelines, me).await)
+    }
+
+    /// The database's plans of a claim's reads of the work queue, for a
+    /// worker of `pipelines`.
+    pub async fn explain_claim(&self, pipelines: &[QueuePipeline]) -> Result<ClaimPlan, Error> {
+        dispatch!(self, s => flow::explain_claim(s, pipelines).await)
     }
 
     /// Puts keys into the work queue, in one transaction; how many were

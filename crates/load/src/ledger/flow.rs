@@ -330,17 +330,29 @@ pub(crate) async fn work_left<D: Driver>(
     }
     let s = sql::<D>();
     let cutoffs = due_cutoffs(pipelines);
-    let mut args = vec![Arg::Text(&me.host)];
-    args.extend(pipelines.iter().map(|p| Arg::Text(&p.name)));
-    args.extend(cutoffs.iter().map(|c| Arg::Text(c)));
+    let names = pipelines.iter().map(|p| Arg::Text(&p.name));
+    let mut queue_args: Vec<Arg<'_>> = names.clone().collect();
+    queue_args.extend(cutoffs.iter().map(|c| Arg::Text(c)));
+    let mut running_args = vec![Arg::Text(&me.host)];
+    running_args.extend(names);
     let mut tx = driver.begin_read().await?;
-    let rows = fetch_all(&mut tx, &s.leftovers(pipelines.len()), &args).await?;
-    tx.commit().await?;
-    for row in rows {
-        let status: RunStatus = row.state("status")?;
-        if status == RunStatus::Pending {
-            return Ok(true);
+    let pending = fetch_optional(&mut tx, &s.queue_peek(pipelines.len()), &queue_args).await?;
+    let running = match pending {
+        Some(_) => Vec::new(),
+        None => {
+            fetch_all(
+                &mut tx,
+                &s.running_leftovers(pipelines.len()),
+                &running_args,
+            )
+            .await?
         }
+    };
+    tx.commit().await?;
+    if pending.is_some() {
+        return Ok(true);
+    }
+    for row in running {
         let (pipeline, end) = (row.text("pipeline")?, row.text("period_end")?);
         let open = pipelines
             .iter()
@@ -360,6 +372,53 @@ pub(crate) async fn work_left<D: Driver>(
         }
     }
     Ok(false)
+}
+
+/// The database's plans of a claim's two reads of the queue, for
+/// `pipelines` (see [`crate::ClaimPlan`]).
+pub(crate) async fn explain_claim<D: Driver>(
+    driver: &D,
+    pipelines: &[QueuePipeline],
+) -> Result<crate::ClaimPlan, Error> {
+    let s = sql::<D>();
+    let cutoffs = due_cutoffs(pipelines);
+    let names = pipelines.iter().map(|p| Arg::Text(&p.name));
+    let mut takeover_args = vec![Arg::Text("")];
+    takeover_args.extend(names.clone());
+    let mut next_args: Vec<Arg<'_>> = names.collect();
+    next_args.extend(cutoffs.iter().map(|c| Arg::Text(c)));
+    let mut tx = driver.begin_read().await?;
+    let takeover = plan_lines::<D>(
+        &mut tx,
+        &s.explain(&s.takeover_candidates(pipelines.len())),
+        &takeover_args,
+    )
+    .await?;
+    let next = plan_lines::<D>(
+        &mut tx,
+        &s.explain(&s.queue_next(pipelines.len())),
+        &next_args,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(crate::ClaimPlan { takeover, next })
+}
+
+/// The text of each row of an `EXPLAIN`.
+async fn plan_lines<D: Driver>(
+    tx: &mut D::Tx,
+    explain: &str,
+    args: &[Arg<'_>],
+) -> Result<Vec<String>, Error> {
+    let column = match D::DIALECT {
+        Dialect::Postgres => "QUERY PLAN",
+        Dialect::Sqlite => "detail",
+    };
+    fetch_all(tx, explain, args)
+        .await?
+        .iter()
+        .map(|row| row.text(column))
+        .collect()
 }
 
 /// Keys per enqueue statement, and per transaction of a plan's enqueue.
