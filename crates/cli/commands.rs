@@ -6,8 +6,7 @@ use std::sync::Arc;
 use tidemark_core::{Error, ErrorClass, Period, Pipeline, RawRecord};
 use tidemark_engine::plan::{self, Ask, PeriodRange, Planner};
 use tidemark_engine::{
-    Catalog, Connections, Engine, MarkAs, Outcome, RunEvent, RunMany, Shutdown, Target,
-    ABSENT_NOTE,
+    Catalog, Connections, Engine, MarkAs, Outcome, RunEvent, RunMany, Shutdown, Target, ABSENT_NOTE,
 };
 
 use crate::cli::{

@@ -28,7 +28,16 @@ pub(crate) fn db_error(err: sqlx::Error) -> Error {
             transient: true,
         };
     }
-    let transient = match &err {
+    let transient = is_transient(&err);
+    Error::Database {
+        message: err.to_string(),
+        transient,
+    }
+}
+
+/// Whether a sqlx error is worth a retry (see [`db_error`]).
+pub(crate) fn is_transient(err: &sqlx::Error) -> bool {
+    match err {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
@@ -44,13 +53,9 @@ pub(crate) fn db_error(err: sqlx::Error) -> Error {
                 } else {
                     transient_sqlite_code(&code)
                 }
-            })
+            }) || is_connection_limit(err)
         }
         _ => false,
-    };
-    Error::Database {
-        message: err.to_string(),
-        transient,
     }
 }
 
@@ -224,9 +229,15 @@ mod tests {
             "08P01",
             "no more connections allowed (max_client_conn)"
         ));
-        assert!(!connection_limit_sqlstate("08P01", "invalid message format"));
+        assert!(!connection_limit_sqlstate(
+            "08P01",
+            "invalid message format"
+        ));
         assert!(!connection_limit_sqlstate("53100", "could not extend file"));
-        assert!(!connection_limit_sqlstate("53400", "configuration limit exceeded"));
+        assert!(!connection_limit_sqlstate(
+            "53400",
+            "configuration limit exceeded"
+        ));
         assert!(transient_sqlstate("53300"));
         assert!(!storage_sqlstate("53300"));
         assert!(!is_connection_limit(&sqlx::Error::PoolTimedOut));

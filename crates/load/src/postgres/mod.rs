@@ -44,9 +44,9 @@ use crate::db_error::db_error;
 const FIRST_CONNECT_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How long the first connection waits for a free slot on a server whose
-/// `max_connections` is exhausted (another client's end frees one), as
-/// long as the pool waits for a connection.
-const SLOT_PATIENCE: Duration = ACQUIRE_TIMEOUT;
+/// `max_connections` is exhausted (another client's end frees one): a
+/// process that cannot start yet harms no one by waiting.
+const SLOT_PATIENCE: Duration = Duration::from_secs(300);
 
 /// How long one connection attempt may take (a host that drops packets
 /// would otherwise hold it for minutes).
@@ -61,8 +61,8 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(crate::ACQUIRE_TIMEOUT_SEC
 pub(crate) const DEFAULT_MAX_CONNECTIONS: u32 = 16;
 
 /// A connection unused this long is closed, so a process that was busy
-/// gives its slots back to the server's `max_connections`.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// gives its slots back to the server's `max_connections` soon.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A pool of connections to one PostgreSQL database.
 #[derive(Debug, Clone)]
@@ -130,14 +130,19 @@ impl PgStore {
             pooled: options.pgbouncer,
             read_only: false,
         };
-        let store = Self::open(url, session, options.max_connections).await?;
-        if session.pooled {
-            if let Err(error) = store.check_current().await {
-                store.close().await;
-                return Err(error);
-            }
+        let (store, mut first) = Self::open(url, session, options.max_connections).await?;
+        let ready = if session.pooled {
+            store.check_current().await
         } else {
-            store.migrate().await?;
+            // On the connection already made: on a server with no slot to
+            // spare, the pool's first one may have to wait for another
+            // client's end.
+            Self::migrate_on(&mut first).await
+        };
+        let _ = first.close().await;
+        if let Err(error) = ready {
+            store.close().await;
+            return Err(error);
         }
         Ok(store)
     }
@@ -154,7 +159,8 @@ impl PgStore {
             pooled: options.pgbouncer,
             read_only: true,
         };
-        let store = Self::open(url, session, options.max_connections).await?;
+        let (store, first) = Self::open(url, session, options.max_connections).await?;
+        let _ = first.close().await;
         if !store.has_ledger().await? {
             store.close().await;
             return Ok(None);
@@ -211,7 +217,13 @@ impl PgStore {
             })
     }
 
-    async fn open(url: &str, session: Session, max_connections: Option<u32>) -> Result<Self, Error> {
+    /// The store and the first connection, made directly (see
+    /// [`PgStore::connect`]).
+    async fn open(
+        url: &str,
+        session: Session,
+        max_connections: Option<u32>,
+    ) -> Result<(Self, PgConnection), Error> {
         let shown = crate::redact_url(url);
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| Error::config("command line", "database URL", format!("{shown}: {e}")))?;
@@ -239,12 +251,12 @@ impl PgStore {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .idle_timeout(IDLE_TIMEOUT)
             .connect_lazy_with(options);
-        let _ = first.close().await;
-        Ok(PgStore {
+        let store = PgStore {
             pool,
             gates: Gates::default(),
             session,
-        })
+        };
+        Ok((store, first))
     }
 
     /// Whether statements are named and kept per connection (direct), or
@@ -296,12 +308,7 @@ impl PgStore {
         );
         let mut gates = self.gates.0.lock().unwrap_or_else(PoisonError::into_inner);
         let gate = gates.entry(key).or_insert_with(|| {
-            Arc::new(rate::PgRateGate::new(
-                self.clone(),
-                pipeline,
-                source,
-                plan,
-            ))
+            Arc::new(rate::PgRateGate::new(self.clone(), pipeline, source, plan))
         });
         Some(Arc::clone(gate) as Arc<dyn RateGate>)
     }
@@ -358,13 +365,25 @@ impl PgStore {
                 )
             });
         }
-        Self::migrator()
-            .run(&self.pool)
-            .await
-            .map_err(|e| Error::Database {
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        Self::migrate_on(&mut conn).await
+    }
+
+    /// Applies the pending migrations on `conn`. A migration that failed
+    /// for want of a connection or on a lost one is transient.
+    async fn migrate_on(conn: &mut PgConnection) -> Result<(), Error> {
+        Self::migrator().run_direct(conn).await.map_err(|e| {
+            let transient = match e {
+                sqlx::migrate::MigrateError::Execute(ref inner) => {
+                    crate::db_error::is_transient(inner)
+                }
+                _ => false,
+            };
+            Error::Database {
                 message: format!("ledger migration failed: {e}"),
-                transient: false,
-            })
+                transient,
+            }
+        })
     }
 }
 

@@ -78,10 +78,7 @@ pub(super) async fn ensure_table(store: &PgStore, schema: &TableSchema) -> Resul
     tx.commit_now().await
 }
 
-async fn create_table(
-    tx: &mut PgTx,
-    schema: &TableSchema,
-) -> Result<(), Error> {
+async fn create_table(tx: &mut PgTx, schema: &TableSchema) -> Result<(), Error> {
     let mut columns: Vec<String> = schema
         .columns
         .iter()
@@ -124,18 +121,16 @@ async fn create_table(
 /// A field it lacks that is neither required nor in the key is added as a
 /// nullable column, in the caller's transaction under the DDL advisory
 /// lock, so two workers cannot both add it.
-async fn check_table(
-    tx: &mut PgTx,
-    schema: &TableSchema,
-) -> Result<(), Error> {
-    let actual: Vec<(String, String)> = tx.query_as(
-        "SELECT column_name::text, data_type::text FROM information_schema.columns
+async fn check_table(tx: &mut PgTx, schema: &TableSchema) -> Result<(), Error> {
+    let actual: Vec<(String, String)> = tx
+        .query_as(
+            "SELECT column_name::text, data_type::text FROM information_schema.columns
          WHERE table_schema = current_schema() AND table_name = $1",
-    )
-    .bind(&schema.table)
-    .fetch_all(tx.connection())
-    .await
-    .db()?;
+        )
+        .bind(&schema.table)
+        .fetch_all(tx.connection())
+        .await
+        .db()?;
     let check = compare_columns(
         schema,
         &actual,
@@ -149,16 +144,17 @@ async fn check_table(
     if !check.problems.is_empty() {
         return Err(contract(check.problems.join("; ")));
     }
-    let unique_sets: Vec<Vec<String>> = tx.query_scalar(
-        "SELECT array_agg(a.attname::text) FROM pg_index i
+    let unique_sets: Vec<Vec<String>> = tx
+        .query_scalar(
+            "SELECT array_agg(a.attname::text) FROM pg_index i
          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
          WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indisunique
          GROUP BY i.indexrelid",
-    )
-    .bind(&schema.table)
-    .fetch_all(tx.connection())
-    .await
-    .db()?;
+        )
+        .bind(&schema.table)
+        .fetch_all(tx.connection())
+        .await
+        .db()?;
     let key: HashSet<&str> = schema.key_columns().map(|(n, _)| n.as_str()).collect();
     let keyed = unique_sets
         .iter()
@@ -340,7 +336,10 @@ async fn merge_through_stage(
         key_list(schema),
         sets.join(", ")
     );
-    let returned: Vec<bool> = sqlx::query_scalar(&sql).fetch_all(tx.connection()).await.db()?;
+    let returned: Vec<bool> = sqlx::query_scalar(&sql)
+        .fetch_all(tx.connection())
+        .await
+        .db()?;
     let inserted = returned.iter().filter(|i| **i).count() as u64;
     let written = returned.len() as u64;
     let superseded = if written < staged as u64 {
@@ -373,11 +372,7 @@ fn stage_name(schema: &TableSchema, columns: &str) -> String {
 /// How many staged rows another run key still holds after the merge: left
 /// to a later period by the ownership rule. Asked only when the merge wrote
 /// fewer rows than it was given; logs each key at debug level.
-async fn held_elsewhere(
-    tx: &mut PgTx,
-    schema: &TableSchema,
-    stage: &str,
-) -> Result<u64, Error> {
+async fn held_elsewhere(tx: &mut PgTx, schema: &TableSchema, stage: &str) -> Result<u64, Error> {
     let keys: Vec<String> = schema
         .key_columns()
         .map(|(n, _)| format!("s.{}::text", quote(n)))
