@@ -9,7 +9,9 @@
 #   - promtool, from Debian's `prometheus` package, which checks and
 #     unit-tests the shipped alert rules deploy/alerts.yml (tests/tools.rs);
 #   - chromium and chromedriver (Debian's `chromium`, `chromium-driver`),
-#     which drive the status page in a real headless browser.
+#     which drive the status page in a real headless browser;
+#   - pgbouncer, which the tests start in transaction mode in front of the
+#     test server (tests/pooling.rs); Debian installs it in /usr/sbin.
 # Nothing here starts Prometheus: only its promtool is used.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -21,11 +23,12 @@ SUDO=""
 
 # command -> the Debian package that provides it.
 missing=()
-need() { command -v "$1" >/dev/null 2>&1 || missing+=("$2"); }
+need() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || missing+=("$2"); }
 need faketime faketime
 need promtool prometheus
 need chromium chromium
 need chromedriver chromium-driver
+need pgbouncer pgbouncer
 
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "installing ${missing[*]}..." >&2

@@ -23,6 +23,7 @@ mod memory_budget;
 mod observability;
 mod ownership;
 mod page;
+mod pooling;
 mod rate_limits;
 mod scheduler;
 mod service;

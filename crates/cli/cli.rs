@@ -42,6 +42,15 @@ pub struct Global {
     /// stopped renewing once it has run out.
     #[arg(long, global = true, default_value = "30s", value_parser = parse_lease_ttl)]
     pub lease_ttl: std::time::Duration,
+
+    /// The PostgreSQL --database-url points at PgBouncer in transaction
+    /// mode: statements are not kept prepared across transactions, the
+    /// session settings travel with each transaction, `serve`'s workers poll
+    /// (--poll-interval) instead of LISTENing, and the ledger is not
+    /// migrated through it (run `tidemark migrate` with a URL of the server
+    /// itself first). Set TIDEMARK_PGBOUNCER=1 to the same effect.
+    #[arg(long, global = true, env = "TIDEMARK_PGBOUNCER")]
+    pub pgbouncer: bool,
 }
 
 /// Log line format.

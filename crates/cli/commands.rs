@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tidemark_core::{Error, ErrorClass, Period, Pipeline, RawRecord};
 use tidemark_engine::plan::{self, Ask, PeriodRange, Planner};
 use tidemark_engine::{
-    Catalog, Engine, MarkAs, Outcome, RunEvent, RunMany, Shutdown, Target, ABSENT_NOTE,
+    Catalog, Connections, Engine, MarkAs, Outcome, RunEvent, RunMany, Shutdown, Target, ABSENT_NOTE,
 };
 
 use crate::cli::{
@@ -39,7 +39,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
         Command::Validate(args) => validate(&setup, &args).await,
         Command::Prune(args) => prune(&setup, args).await,
         Command::Migrate => {
-            setup.connect().await?.migrate().await?;
+            setup.connect(Connections::runs(0)).await?.migrate().await?;
             tell!("ledger migrations applied");
             Ok(Exit::Success)
         }
@@ -74,7 +74,7 @@ async fn run(
     if args.dry_run {
         return preview::show(setup, vec![target], &args.options).await;
     }
-    let store = setup.connect().await?;
+    let store = setup.connect(Connections::runs(1)).await?;
     let engine = setup.engine(store, signals());
     let planner = engine.plan(target.pipeline, target.sources, target.ask);
     let how = RunMany {
@@ -189,11 +189,12 @@ async fn backfill(
         };
         return preview::show(setup, vec![target], &args.options).await;
     }
-    let store = setup.connect().await?;
+    let concurrency = crate::cli::concurrency(args.concurrency, &global.database_url);
+    let store = setup.connect(Connections::runs(concurrency)).await?;
     let engine = setup.engine(store, signals());
     let planner = engine.plan(pipeline, sources, ask);
     let how = RunMany {
-        concurrency: crate::cli::concurrency(args.concurrency, &global.database_url),
+        concurrency,
         force_deletes: args.options.force_deletes,
         wait: false,
     };
@@ -276,7 +277,8 @@ async fn sync(
     if args.dry_run {
         return preview::show(setup, targets, &args.options).await;
     }
-    let store = setup.connect().await?;
+    let concurrency = crate::cli::concurrency(args.concurrency, &global.database_url);
+    let store = setup.connect(Connections::runs(concurrency)).await?;
     let engine = setup.engine(store, signals());
     // The due periods not done yet, plus forced re-runs of the last
     // `lookback` done ones and of provisional ones now due (see `plan`).
@@ -285,7 +287,7 @@ async fn sync(
         .map(|t| engine.plan(t.pipeline, t.sources, t.ask))
         .collect::<Result<Vec<_>, Error>>();
     let how = RunMany {
-        concurrency: crate::cli::concurrency(args.concurrency, &global.database_url),
+        concurrency,
         force_deletes: args.options.force_deletes,
         wait: false,
     };
@@ -338,7 +340,7 @@ async fn enqueue(setup: &Setup<'_>, args: BackfillArgs) -> Result<Exit, Error> {
         only: args.only.map(crate::cli::Only::selection),
         force: args.options.force,
     };
-    let store = setup.connect().await?;
+    let store = setup.connect(Connections::runs(0)).await?;
     let engine = setup.engine(store, Shutdown::new());
     let queued = match engine.plan(Arc::clone(&pipeline), sources, ask) {
         Ok(plan) => engine.enqueue(plan, args.priority).await,
@@ -369,7 +371,7 @@ async fn cancel(setup: &Setup<'_>, args: CancelArgs) -> Result<Exit, Error> {
     if let Some(source) = &args.source {
         source_ids(&pipeline, Some(source))?;
     }
-    let store = setup.connect().await?;
+    let store = setup.connect(Connections::runs(0)).await?;
     let cancelled = store
         .cancel(
             &pipeline.spec.name,
@@ -409,7 +411,7 @@ async fn mark(setup: &Setup<'_>, args: MarkArgs) -> Result<Exit, Error> {
         MarkAsArg::Done => MarkAs::Done,
         MarkAsArg::Skipped => MarkAs::Skipped,
     };
-    let store = setup.connect().await?;
+    let store = setup.connect(Connections::runs(0)).await?;
     let engine = setup.engine(store, Shutdown::new());
     let outcome = engine
         .mark(&pipeline, &sources, periods, marked, &args.note, args.force)
@@ -560,7 +562,7 @@ fn show_first_record(transformer: &tidemark_transform::Transformer, record: &Raw
 }
 
 async fn prune(setup: &Setup<'_>, args: PruneArgs) -> Result<Exit, Error> {
-    let store = setup.connect().await?;
+    let store = setup.connect(Connections::runs(0)).await?;
     let pruned = store.prune(args.older_than).await;
     store.close().await;
     let (attempts, rejects) =

@@ -4,7 +4,7 @@
 //! broken one is logged and its old definition kept).
 
 use tidemark_core::Error;
-use tidemark_engine::{Reloader, Service, ServiceConfig};
+use tidemark_engine::{Connections, Reloader, Service, ServiceConfig};
 
 use crate::cli::ServeArgs;
 use crate::exit::Exit;
@@ -23,8 +23,11 @@ pub async fn serve(setup: &Setup<'_>, args: ServeArgs) -> Result<Exit, Error> {
     config
         .check(setup.clock.now())
         .map_err(|e| crate::exit::flag(e, "pipelines folder", "--pipelines"))?;
+    // LISTEN on PostgreSQL, except behind PgBouncer (workers poll there).
+    let listens = !setup.global.pgbouncer && !setup.global.database_url.starts_with("sqlite:");
+    let work = Connections::service(&config, listens, args.listen.is_some());
     let engine = setup.engine(
-        setup.connect().await?,
+        setup.connect(work).await?,
         crate::signals::on_signals(args.shutdown_timeout),
     );
     let service = match Service::new(engine.clone(), config) {

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use tidemark_core::{Error, Period, Pipeline};
-use tidemark_engine::{Catalog, Clock, Engine, Shutdown};
-use tidemark_load::Store;
+use tidemark_engine::{Catalog, Clock, Connections, Engine, Shutdown};
+use tidemark_load::{Store, StoreOptions};
 
 use crate::cli::Global;
 
@@ -45,18 +45,28 @@ impl Setup<'_> {
         Ok(pipeline)
     }
 
-    /// Opens (creating, migrating) the database `--database-url` names.
-    pub async fn connect(&self) -> Result<Store, Error> {
-        Store::connect(&self.global.database_url)
+    /// Opens (creating, migrating) the database `--database-url` names,
+    /// with a pool sized for `work` (ADR 0019).
+    pub async fn connect(&self, work: Connections) -> Result<Store, Error> {
+        Store::connect_with(&self.global.database_url, &self.store_options(work))
             .await
             .map_err(database_url)
     }
 
     /// Opens the database read-only; `None` when it holds no ledger yet.
     pub async fn open_read_only(&self) -> Result<Option<Store>, Error> {
-        Store::open_read_only(&self.global.database_url)
+        let options = self.store_options(Connections::runs(0));
+        Store::open_read_only_with(&self.global.database_url, &options)
             .await
             .map_err(database_url)
+    }
+
+    /// How the store connects: `work`'s pool size, and `--pgbouncer`.
+    fn store_options(&self, work: Connections) -> StoreOptions {
+        StoreOptions {
+            max_connections: Some(work.pool_size()),
+            pgbouncer: self.global.pgbouncer,
+        }
     }
 
     /// The engine over `store` for this command, stopping on `shutdown`.

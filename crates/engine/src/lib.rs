@@ -44,6 +44,7 @@
 
 mod catalog;
 mod clock;
+mod connections;
 mod dry_run;
 mod engine;
 pub mod plan;
@@ -59,6 +60,7 @@ pub mod web;
 
 pub use catalog::{source_ids, Catalog};
 pub use clock::{Clock, ManualClock, ShiftedClock, SystemClock};
+pub use connections::Connections;
 pub use dry_run::{dry_run, DryLine, Target, ACTIONS};
 pub use engine::{Engine, EngineBuilder, KeyOutcome, RunEvent, RunMany, DEFAULT_LEASE_TTL};
 pub use prepare::ABSENT_NOTE;
@@ -73,6 +75,6 @@ pub use shutdown::Shutdown;
 pub use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
 pub use tidemark_extract::{Batch, BatchSource, Checkpoint, OpenRequest, OpenSource};
 pub use tidemark_load::{
-    AttemptEntry, HeldKey, History, LedgerEntry, MarkAs, Marked, RejectEntry, Store, WorkerEntry,
-    WorkerId, WorkerKind, WorkerState,
+    AttemptEntry, HeldKey, History, LedgerEntry, MarkAs, Marked, RejectEntry, Store, StoreOptions,
+    WorkerEntry, WorkerId, WorkerKind, WorkerState,
 };

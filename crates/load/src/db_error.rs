@@ -12,7 +12,32 @@ pub(crate) fn db_error(err: sqlx::Error) -> Error {
             message: err.to_string(),
         };
     }
-    let transient = match &err {
+    if is_connection_limit(&err) {
+        return Error::Database {
+            message: connection_limit_message(&err),
+            transient: true,
+        };
+    }
+    if matches!(err, sqlx::Error::PoolTimedOut) {
+        return Error::Database {
+            message: format!(
+                "{err}: every connection of this process's pool stayed busy, or the server had no \
+                 free connection slot, for {}s (retried)",
+                crate::ACQUIRE_TIMEOUT_SECS
+            ),
+            transient: true,
+        };
+    }
+    let transient = is_transient(&err);
+    Error::Database {
+        message: err.to_string(),
+        transient,
+    }
+}
+
+/// Whether a sqlx error is worth a retry (see [`db_error`]).
+pub(crate) fn is_transient(err: &sqlx::Error) -> bool {
+    match err {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
@@ -28,13 +53,9 @@ pub(crate) fn db_error(err: sqlx::Error) -> Error {
                 } else {
                     transient_sqlite_code(&code)
                 }
-            })
+            }) || is_connection_limit(err)
         }
         _ => false,
-    };
-    Error::Database {
-        message: err.to_string(),
-        transient,
     }
 }
 
@@ -67,6 +88,39 @@ fn storage_sqlite_code(primary: i64) -> bool {
 /// index_corrupted. (too_many_connections, also class 53, is transient.)
 fn storage_sqlstate(code: &str) -> bool {
     matches!(code, "53100" | "53200" | "58030" | "XX001" | "XX002")
+}
+
+/// Whether PostgreSQL (or a pooler in front of it) refused a connection
+/// because every slot is taken: SQLSTATE 53300 `too_many_connections`
+/// ("sorry, too many clients already", "remaining connection slots are
+/// reserved for …", "too many connections for role/database"), or
+/// PgBouncer's own limits ("no more connections allowed (max_client_conn)",
+/// sent as 08P01). Transient: a slot frees when another client ends.
+pub(crate) fn is_connection_limit(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() else {
+        return false;
+    };
+    connection_limit_sqlstate(pg.code(), pg.message())
+}
+
+/// [`is_connection_limit`] on a SQLSTATE and the server's message.
+fn connection_limit_sqlstate(code: &str, message: &str) -> bool {
+    code == "53300" || (code == "08P01" && message.contains("no more connections allowed"))
+}
+
+/// What an operator reads when the server is out of connection slots: the
+/// cause, that it is retried, and what to change.
+pub(crate) fn connection_limit_message(err: &sqlx::Error) -> String {
+    format!(
+        "the PostgreSQL server has no free connection slot ({err}): its max_connections \
+         (or the role's, the database's or PgBouncer's limit) is exhausted by all its clients \
+         together; retrying with back-off. Raise max_connections, run fewer tidemark processes \
+         or fewer --workers/--concurrency (each process opens at most 2 per key at once + 2-4, \
+         README \"Connections\"), or put PgBouncer in front (--pgbouncer)"
+    )
 }
 
 /// Whether SQLite answered `SQLITE_BUSY` (any extended code of it).
@@ -152,5 +206,40 @@ mod tests {
         assert!(storage_sqlite_code(13) && storage_sqlite_code(10) && !storage_sqlite_code(5));
         assert!(storage_sqlstate("53100") && !storage_sqlstate("53300"));
         assert!(!db_error(sqlx::Error::RowNotFound).is_transient());
+    }
+
+    /// A server out of connection slots (PostgreSQL's 53300 in all its
+    /// wordings, PgBouncer's client limit) is transient, never storage,
+    /// and not any other protocol error or class-53 failure.
+    #[test]
+    fn connection_limits_are_transient() {
+        assert!(connection_limit_sqlstate(
+            "53300",
+            "sorry, too many clients already"
+        ));
+        assert!(connection_limit_sqlstate(
+            "53300",
+            "remaining connection slots are reserved for non-replication superuser connections"
+        ));
+        assert!(connection_limit_sqlstate(
+            "53300",
+            "too many connections for role \"etl\""
+        ));
+        assert!(connection_limit_sqlstate(
+            "08P01",
+            "no more connections allowed (max_client_conn)"
+        ));
+        assert!(!connection_limit_sqlstate(
+            "08P01",
+            "invalid message format"
+        ));
+        assert!(!connection_limit_sqlstate("53100", "could not extend file"));
+        assert!(!connection_limit_sqlstate(
+            "53400",
+            "configuration limit exceeded"
+        ));
+        assert!(transient_sqlstate("53300"));
+        assert!(!storage_sqlstate("53300"));
+        assert!(!is_connection_limit(&sqlx::Error::PoolTimedOut));
     }
 }

@@ -40,11 +40,32 @@ pub use ledger::{
     WAIT_BUCKETS,
 };
 pub use schema::TableSchema;
+
 pub use writer::{Reconcile, Reject, RunWriter, WriterOptions};
+
+/// How long a statement waits for a connection (PostgreSQL's pool).
+pub(crate) const ACQUIRE_TIMEOUT_SECS: u64 = 60;
 
 /// The most keys one [`Store::enqueue`] call (one transaction) should
 /// carry: a page of a plan.
 pub const ENQUEUE_CHUNK: usize = ledger::flow::ENQUEUE_CHUNK;
+
+/// How a [`Store`] connects to PostgreSQL (SQLite ignores both: one
+/// process owns the file).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// The most connections the store opens at once; `None`: 16. A
+    /// program sizes it from the work it does at once (the binary uses
+    /// `tidemark_engine::Connections`, ADR 0019): past it, a statement
+    /// waits for a connection to come back.
+    pub max_connections: Option<u32>,
+    /// The database URL points at PgBouncer in transaction mode:
+    /// statements are not kept prepared across transactions, session
+    /// settings travel with each transaction (`SET LOCAL`), workers poll
+    /// instead of `LISTEN`ing, and the ledger is not migrated through it
+    /// (run `tidemark migrate` against the server directly).
+    pub pgbouncer: bool,
+}
 
 /// A connection to the destination database, which also holds the ledger.
 #[derive(Debug, Clone)]
@@ -89,10 +110,15 @@ impl Store {
     /// Connects to `url` (`sqlite://path` — created when missing — or
     /// `postgres://...`) and applies the ledger migrations.
     pub async fn connect(url: &str) -> Result<Store, Error> {
+        Store::connect_with(url, &StoreOptions::default()).await
+    }
+
+    /// [`Store::connect`] with `options` (the pool's size, PgBouncer).
+    pub async fn connect_with(url: &str, options: &StoreOptions) -> Result<Store, Error> {
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite(sqlite::SqliteStore::connect(url).await?)
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            Backend::Postgres(postgres::PgStore::connect(url).await?)
+            Backend::Postgres(postgres::PgStore::connect(url, options).await?)
         } else {
             return Err(unsupported_url(url));
         };
@@ -111,12 +137,20 @@ impl Store {
     /// `tidemark migrate`: migrating it here would change the database
     /// under processes of the older build.
     pub async fn open_read_only(url: &str) -> Result<Option<Store>, Error> {
+        Store::open_read_only_with(url, &StoreOptions::default()).await
+    }
+
+    /// [`Store::open_read_only`] with `options` (the pool's size, PgBouncer).
+    pub async fn open_read_only_with(
+        url: &str,
+        options: &StoreOptions,
+    ) -> Result<Option<Store>, Error> {
         let backend = if url.starts_with("sqlite:") {
             sqlite::SqliteStore::connect_read_only(url)
                 .await?
                 .map(Backend::Sqlite)
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            postgres::PgStore::connect_read_only(url)
+            postgres::PgStore::connect_read_only(url, options)
                 .await?
                 .map(Backend::Postgres)
         } else {
@@ -168,6 +202,8 @@ impl Store {
     }
 
     /// Applies pending ledger migrations (also done by [`Store::connect`]).
+    /// Behind PgBouncer ([`StoreOptions::pgbouncer`]) a configuration
+    /// error unless the ledger is current: migrate through a direct URL.
     pub async fn migrate(&self) -> Result<(), Error> {
         dispatch!(self, s => s.migrate().await)
     }
@@ -282,7 +318,7 @@ impl Store {
     pub async fn queue_listener(&self) -> Result<QueueListener, Error> {
         Ok(QueueListener {
             postgres: match &self.backend {
-                Backend::Postgres(s) => Some(s.listen().await?),
+                Backend::Postgres(s) => s.listen().await?,
                 Backend::Sqlite(_) => None,
             },
         })
@@ -540,7 +576,8 @@ where
 }
 
 /// Wakes idle queue workers when a key is queued by any process:
-/// PostgreSQL's LISTEN/NOTIFY. On SQLite it never fires; workers poll.
+/// PostgreSQL's LISTEN/NOTIFY. On SQLite, and behind PgBouncer in
+/// transaction mode, it never fires; workers poll.
 pub struct QueueListener {
     postgres: Option<sqlx::postgres::PgListener>,
 }

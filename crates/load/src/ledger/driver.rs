@@ -203,7 +203,9 @@ pub(crate) trait LedgerTx: Send {
 }
 
 /// Implements [`LedgerTx`] for a backend's transaction type, which has a
-/// `connection()` method and an `async fn commit_now(self)`. A backend gives
+/// `connection()` method, a `persistent()` one (whether statements stay
+/// prepared on the connection) and an `async fn commit_now(self)`
+/// (PostgreSQL's; SQLite's ledger runs on its raw connection). A backend gives
 /// only what differs: its `bind(query, args)` and its `cell(row, index)`
 /// (the type mapping); running and streaming are the same for every sqlx
 /// database.
@@ -216,7 +218,7 @@ macro_rules! sqlx_ledger_tx {
                 args: &[$crate::ledger::driver::Arg<'_>],
             ) -> Result<u64, tidemark_core::Error> {
                 use $crate::db_error::DbResultExt as _;
-                let done = $bind(sqlx::query(sql), args)
+                let done = $bind(sqlx::query(sql).persistent(self.persistent()), args)
                     .execute(self.connection())
                     .await
                     .db()?;
@@ -233,7 +235,9 @@ macro_rules! sqlx_ledger_tx {
                 use futures_util::TryStreamExt as _;
                 use sqlx::{Column as _, Row as _};
                 use $crate::db_error::DbResultExt as _;
-                let mut rows = $bind(sqlx::query(sql), args).fetch(self.connection());
+                let persistent = self.persistent();
+                let mut rows = $bind(sqlx::query(sql).persistent(persistent), args)
+                    .fetch(self.connection());
                 let mut names: Option<std::sync::Arc<[String]>> = None;
                 while let Some(row) = rows.try_next().await.db()? {
                     let names = names.get_or_insert_with(|| {

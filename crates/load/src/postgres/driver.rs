@@ -15,16 +15,61 @@ use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
 
-/// A ledger transaction on one PostgreSQL connection.
-pub(crate) struct PgTx(Transaction<'static, Postgres>);
+/// A ledger transaction on one PostgreSQL connection, with how its store
+/// sends statements ([`PgStore::persistent`]).
+pub(crate) struct PgTx {
+    tx: Transaction<'static, Postgres>,
+    persistent: bool,
+}
 
 impl PgTx {
-    fn connection(&mut self) -> &mut PgConnection {
-        &mut self.0
+    /// A transaction of `store`, begun as its session needs.
+    pub(super) async fn begin(store: &PgStore) -> Result<PgTx, Error> {
+        Ok(PgTx {
+            tx: store.begin_tx().await.db()?,
+            persistent: store.persistent(),
+        })
     }
 
-    async fn commit_now(self) -> Result<(), Error> {
-        self.0.commit().await.db()
+    pub(super) fn connection(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
+
+    /// Whether statements are kept prepared on the connection (not behind
+    /// PgBouncer in transaction mode).
+    pub(super) fn persistent(&self) -> bool {
+        self.persistent
+    }
+
+    /// `sqlx::query(sql)`, prepared as the store sends statements.
+    pub(super) fn query<'q>(&self, sql: &'q str) -> Query<'q> {
+        sqlx::query(sql).persistent(self.persistent)
+    }
+
+    /// `sqlx::query_as(sql)`, prepared as the store sends statements.
+    pub(super) fn query_as<'q, O>(
+        &self,
+        sql: &'q str,
+    ) -> sqlx::query::QueryAs<'q, Postgres, O, PgArguments>
+    where
+        O: for<'r> sqlx::FromRow<'r, PgRow>,
+    {
+        sqlx::query_as(sql).persistent(self.persistent)
+    }
+
+    /// `sqlx::query_scalar(sql)`, prepared as the store sends statements.
+    pub(super) fn query_scalar<'q, O>(
+        &self,
+        sql: &'q str,
+    ) -> sqlx::query::QueryScalar<'q, Postgres, O, PgArguments>
+    where
+        (O,): for<'r> sqlx::FromRow<'r, PgRow>,
+    {
+        sqlx::query_scalar(sql).persistent(self.persistent)
+    }
+
+    pub(super) async fn commit_now(self) -> Result<(), Error> {
+        self.tx.commit().await.db()
     }
 }
 
@@ -116,7 +161,7 @@ impl Driver for PgStore {
     const DIALECT: Dialect = Dialect::Postgres;
 
     async fn begin(&self) -> Result<PgTx, Error> {
-        Ok(PgTx(self.pool.begin().await.db()?))
+        PgTx::begin(self).await
     }
 
     async fn begin_read(&self) -> Result<PgTx, Error> {
@@ -124,7 +169,7 @@ impl Driver for PgStore {
     }
 
     async fn ensure_table(&self, schema: &TableSchema) -> Result<(), Error> {
-        table::ensure_table(&self.pool, schema).await
+        table::ensure_table(self, schema).await
     }
 
     async fn stored_rows(
@@ -134,9 +179,9 @@ impl Driver for PgStore {
         run_id: Option<&str>,
         each: impl FnMut(StoredRow) -> Result<(), Error> + Send,
     ) -> Result<(), Error> {
-        let mut tx = self.pool.begin().await.db()?;
+        let mut tx = PgTx::begin(self).await?;
         stored_copy::stored_rows(&mut tx, schema, lineage, run_id, each).await?;
-        tx.commit().await.db()
+        tx.commit_now().await
     }
 
     /// Encodes the batch for binary `COPY` before the transaction begins,
@@ -161,7 +206,7 @@ impl Driver for PgStore {
         batch: &BatchWrite<'_>,
         data: &Vec<u8>,
     ) -> Result<BatchOutcome, Error> {
-        table::write_rows(&mut tx.0, schema, batch, data).await
+        table::write_rows(tx, schema, batch, data).await
     }
 
     async fn vanished(
@@ -171,7 +216,7 @@ impl Driver for PgStore {
         lineage: &Lineage,
         existing: &StoredHashes,
     ) -> Result<(u64, Vec<Vec<Value>>), Error> {
-        stored_copy::vanished_keys(&mut tx.0, schema, lineage, existing).await
+        stored_copy::vanished_keys(tx, schema, lineage, existing).await
     }
 
     async fn remove_vanished(
@@ -182,6 +227,6 @@ impl Driver for PgStore {
         on_missing: OnMissing,
         keys: &Vec<Vec<Value>>,
     ) -> Result<u64, Error> {
-        table::delete_keys(&mut tx.0, schema, lineage, on_missing, keys).await
+        table::delete_keys(tx, schema, lineage, on_missing, keys).await
     }
 }

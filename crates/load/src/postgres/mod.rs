@@ -37,23 +37,65 @@ use tidemark_core::spec::RateLimit;
 use tidemark_core::{Error, RateGate};
 
 use crate::db_error::db_error;
-use crate::retry_while;
 
 /// How long the first connection may keep failing with a transient error
 /// (a server that is restarting) before the command gives up with the
 /// real cause.
 const FIRST_CONNECT_DEADLINE: Duration = Duration::from_secs(5);
 
+/// How long the first connection waits for a free slot on a server whose
+/// `max_connections` is exhausted (another client's end frees one): a
+/// process that cannot start yet harms no one by waiting.
+const SLOT_PATIENCE: Duration = Duration::from_secs(300);
+
 /// How long one connection attempt may take (a host that drops packets
 /// would otherwise hold it for minutes).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a statement waits for a connection of the pool (including a
+/// new one the server has no slot for yet) before failing, transiently.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(crate::ACQUIRE_TIMEOUT_SECS);
+
+/// The pool's size when the caller names none (a program using the
+/// library with [`crate::StoreOptions::default`]).
+pub(crate) const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+
+/// A connection unused this long is closed, so a process that was busy
+/// gives its slots back to the server's `max_connections` soon.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A pool of connections to one PostgreSQL database.
 #[derive(Debug, Clone)]
 pub(crate) struct PgStore {
     pool: PgPool,
     gates: Gates,
+    session: Session,
 }
+
+/// How this store's connections meet the server: directly, or through a
+/// pooler in transaction mode, where consecutive transactions of one
+/// client connection may run on different server sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Session {
+    /// Behind PgBouncer in transaction mode: statements are unnamed (no
+    /// server-side prepared statement outlives its transaction), the
+    /// session settings travel with each `BEGIN` (`SET LOCAL`), nothing
+    /// runs outside a transaction, no `LISTEN` (workers poll), and the
+    /// ledger is not migrated through it.
+    pub(crate) pooled: bool,
+    /// Every transaction is read-only (`status`, dry runs).
+    pub(crate) read_only: bool,
+}
+
+/// The settings a pooled session sets in each transaction: the server ends
+/// a holder that stopped inside a transaction (see [`SESSION_SETTINGS`]),
+/// here only for the transaction, since the next one may run in another
+/// server session.
+const POOLED_BEGIN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '20s'";
+
+/// [`POOLED_BEGIN`] for a read-only store.
+const POOLED_BEGIN_READ_ONLY: &str =
+    "BEGIN READ ONLY; SET LOCAL idle_in_transaction_session_timeout = '20s'";
 
 /// The rate gates of this process, one per pipeline, source and quota, so
 /// every reader of a source in the process shares one lease.
@@ -78,9 +120,30 @@ impl PgStore {
     /// acquire timeout and then reports only "pool timed out", where the
     /// operator needs "connection refused", a TLS or an authentication
     /// error, within seconds.
-    pub(crate) async fn connect(url: &str) -> Result<Self, Error> {
-        let store = Self::open(url, |options| options).await?;
-        store.migrate().await?;
+    ///
+    /// Behind PgBouncer (`options.pgbouncer`) the ledger is not migrated
+    /// (its migrations take a session lock, which transaction pooling does
+    /// not keep): it must be current, or the error says to run `tidemark
+    /// migrate` against the server directly.
+    pub(crate) async fn connect(url: &str, options: &crate::StoreOptions) -> Result<Self, Error> {
+        let session = Session {
+            pooled: options.pgbouncer,
+            read_only: false,
+        };
+        let (store, mut first) = Self::open(url, session, options.max_connections).await?;
+        let ready = if session.pooled {
+            store.check_current().await
+        } else {
+            // On the connection already made: on a server with no slot to
+            // spare, the pool's first one may have to wait for another
+            // client's end.
+            Self::migrate_on(&mut first).await
+        };
+        let _ = first.close().await;
+        if let Err(error) = ready {
+            store.close().await;
+            return Err(error);
+        }
         Ok(store)
     }
 
@@ -88,61 +151,144 @@ impl PgStore {
     /// refuses any write), and nothing is migrated. `None` when the
     /// database holds no ledger yet; an error when its ledger is older than
     /// this build (a dry run must not migrate it).
-    pub(crate) async fn connect_read_only(url: &str) -> Result<Option<Self>, Error> {
-        let store = Self::open(url, |options| {
-            options.options([("default_transaction_read_only", "on")])
-        })
-        .await?;
-        let found: Option<String> =
-            sqlx::query_scalar("SELECT CAST(to_regclass('_tm_runs') AS text)")
-                .fetch_one(&store.pool)
-                .await
-                .map_err(db_error)?;
-        if found.is_none() {
+    pub(crate) async fn connect_read_only(
+        url: &str,
+        options: &crate::StoreOptions,
+    ) -> Result<Option<Self>, Error> {
+        let session = Session {
+            pooled: options.pgbouncer,
+            read_only: true,
+        };
+        let (store, first) = Self::open(url, session, options.max_connections).await?;
+        let _ = first.close().await;
+        if !store.has_ledger().await? {
             store.close().await;
             return Ok(None);
         }
-        let applied = || async {
-            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-                .fetch_all(&store.pool)
-                .await
-                .map_err(db_error)
-        };
-        if let Err(error) = crate::check_migrated(&Self::migrator(), applied).await {
+        if let Err(error) = store.check_current().await {
             store.close().await;
             return Err(error);
         }
         Ok(Some(store))
     }
 
+    /// Whether the database holds a ledger (migrated at least once).
+    async fn has_ledger(&self) -> Result<bool, Error> {
+        let mut tx = self.begin_tx().await.map_err(db_error)?;
+        let found: Option<String> = sqlx::query_scalar(
+            "SELECT CAST(to_regclass('_tm_runs') AS text) WHERE to_regclass('_sqlx_migrations') IS NOT NULL",
+        )
+        .persistent(self.persistent())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_error)?
+        .flatten();
+        tx.commit().await.map_err(db_error)?;
+        Ok(found.is_some())
+    }
+
+    /// Checks that the ledger holds every migration of this build
+    /// ([`crate::check_migrated`]).
+    async fn check_current(&self) -> Result<(), Error> {
+        if !self.has_ledger().await? {
+            return Err(Error::config(
+                "database",
+                "ledger",
+                "this database has no tidemark ledger yet, and through PgBouncer (--pgbouncer) \
+                 tidemark does not create it: run `tidemark migrate` with a --database-url that \
+                 reaches the PostgreSQL server directly, without --pgbouncer",
+            ));
+        }
+        let applied = || self.applied_migrations();
+        crate::check_migrated(&Self::migrator(), applied)
+            .await
+            .map_err(|error| match error {
+                Error::Config { file, key, message } if self.session.pooled && !self.session.read_only => {
+                    Error::Config {
+                        file,
+                        key,
+                        message: format!(
+                            "{message}. Through PgBouncer (--pgbouncer) tidemark does not migrate: \
+                             run `tidemark migrate` with a --database-url that reaches the server directly"
+                        ),
+                    }
+                }
+                other => other,
+            })
+    }
+
+    /// The store and the first connection, made directly (see
+    /// [`PgStore::connect`]).
     async fn open(
         url: &str,
-        adjust: impl FnOnce(PgConnectOptions) -> PgConnectOptions,
-    ) -> Result<Self, Error> {
+        session: Session,
+        max_connections: Option<u32>,
+    ) -> Result<(Self, PgConnection), Error> {
         let shown = crate::redact_url(url);
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| Error::config("command line", "database URL", format!("{shown}: {e}")))?;
-        let options = adjust(session_settings(options));
-        let first = retry_while(
-            "connecting to PostgreSQL",
-            FIRST_CONNECT_DEADLINE,
-            Error::is_transient,
-            || connect_once(&options),
-        )
-        .await
-        .map_err(|e| Error::Database {
-            message: format!("cannot connect to {shown}: {}", cause(&e)),
-            transient: false,
-        })?;
+        let options = if session.pooled {
+            // PgBouncer 1.18 refuses startup parameters it does not track
+            // (`options`, `extra_float_digits`), and keeps no named
+            // prepared statement across transactions.
+            options.statement_cache_capacity(0).extra_float_digits(None)
+        } else {
+            let options = session_settings(options);
+            if session.read_only {
+                options.options([("default_transaction_read_only", "on")])
+            } else {
+                options
+            }
+        };
+        let first = first_connection(&options)
+            .await
+            .map_err(|(e, limit)| Error::Database {
+                message: format!("cannot connect to {shown}: {}", cause(&e)),
+                transient: limit,
+            })?;
         let pool = PgPoolOptions::new()
-            .max_connections(16)
-            .acquire_timeout(Duration::from_secs(60))
+            .max_connections(max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS).max(1))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .idle_timeout(IDLE_TIMEOUT)
             .connect_lazy_with(options);
-        let _ = first.close().await;
-        Ok(PgStore {
+        let store = PgStore {
             pool,
             gates: Gates::default(),
+            session,
+        };
+        Ok((store, first))
+    }
+
+    /// Whether statements are named and kept per connection (direct), or
+    /// unnamed and parsed again in each transaction (behind PgBouncer).
+    pub(crate) fn persistent(&self) -> bool {
+        !self.session.pooled
+    }
+
+    /// A connection for one statement on its own: a pooled connection,
+    /// or behind PgBouncer a transaction of its own (an unnamed statement
+    /// is parsed and executed in two round trips, which transaction
+    /// pooling may send to two server sessions unless a transaction holds
+    /// one). [`Single::finish`] after the statement.
+    pub(crate) async fn single(&self) -> Result<Single, sqlx::Error> {
+        Ok(if self.session.pooled {
+            Single::Pooled(self.begin_tx().await?)
+        } else {
+            Single::Direct(self.pool.acquire().await?)
         })
+    }
+
+    /// A transaction as this store's session needs it: behind PgBouncer
+    /// its `BEGIN` carries the session settings (`SET LOCAL`) and, read
+    /// only, `READ ONLY`.
+    pub(crate) async fn begin_tx(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+        match (self.session.pooled, self.session.read_only) {
+            (false, _) => self.pool.begin().await,
+            (true, false) => self.pool.begin_with(POOLED_BEGIN).await,
+            (true, true) => self.pool.begin_with(POOLED_BEGIN_READ_ONLY).await,
+        }
     }
 
     /// The shared bucket of `source` of `pipeline` (see [`rate`]); `None`
@@ -162,18 +308,18 @@ impl PgStore {
         );
         let mut gates = self.gates.0.lock().unwrap_or_else(PoisonError::into_inner);
         let gate = gates.entry(key).or_insert_with(|| {
-            Arc::new(rate::PgRateGate::new(
-                self.pool.clone(),
-                pipeline,
-                source,
-                plan,
-            ))
+            Arc::new(rate::PgRateGate::new(self.clone(), pipeline, source, plan))
         });
         Some(Arc::clone(gate) as Arc<dyn RateGate>)
     }
 
-    /// A connection that LISTENs for queued keys (and reconnects by itself).
-    pub(crate) async fn listen(&self) -> Result<sqlx::postgres::PgListener, Error> {
+    /// A connection that LISTENs for queued keys (and reconnects by itself);
+    /// `None` behind PgBouncer in transaction mode, where a `LISTEN` is
+    /// lost with its transaction's server session: workers poll.
+    pub(crate) async fn listen(&self) -> Result<Option<sqlx::postgres::PgListener>, Error> {
+        if self.session.pooled {
+            return Ok(None);
+        }
         let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool)
             .await
             .map_err(db_error)?;
@@ -181,15 +327,19 @@ impl PgStore {
             .listen(crate::ledger::sql::QUEUE_CHANNEL)
             .await
             .map_err(db_error)?;
-        Ok(listener)
+        Ok(Some(listener))
     }
 
     /// The versions of the ledger migrations applied (`/readyz`).
     pub(crate) async fn applied_migrations(&self) -> Result<Vec<i64>, Error> {
-        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-            .fetch_all(&self.pool)
+        let mut tx = self.begin_tx().await.map_err(db_error)?;
+        let applied = sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+            .persistent(self.persistent())
+            .fetch_all(&mut *tx)
             .await
-            .map_err(db_error)
+            .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        Ok(applied)
     }
 
     pub(crate) async fn close(&self) {
@@ -200,14 +350,63 @@ impl PgStore {
         sqlx::migrate!("../../migrations/postgres")
     }
 
+    /// Applies the pending migrations. Not through PgBouncer in
+    /// transaction mode: sqlx's migrator holds a session-level advisory
+    /// lock across its transactions.
     pub(crate) async fn migrate(&self) -> Result<(), Error> {
-        Self::migrator()
-            .run(&self.pool)
-            .await
-            .map_err(|e| Error::Database {
+        if self.session.pooled {
+            return self.check_current().await.map_err(|_| {
+                Error::config(
+                    "command line",
+                    "--pgbouncer",
+                    "the ledger is not migrated through PgBouncer in transaction mode (the migration \
+                     lock is a session lock): run `tidemark migrate` with a --database-url that \
+                     reaches the PostgreSQL server directly, without --pgbouncer",
+                )
+            });
+        }
+        let mut conn = self.pool.acquire().await.map_err(db_error)?;
+        Self::migrate_on(&mut conn).await
+    }
+
+    /// Applies the pending migrations on `conn`. A migration that failed
+    /// for want of a connection or on a lost one is transient.
+    async fn migrate_on(conn: &mut PgConnection) -> Result<(), Error> {
+        Self::migrator().run_direct(conn).await.map_err(|e| {
+            let transient = match e {
+                sqlx::migrate::MigrateError::Execute(ref inner) => {
+                    crate::db_error::is_transient(inner)
+                }
+                _ => false,
+            };
+            Error::Database {
                 message: format!("ledger migration failed: {e}"),
-                transient: false,
-            })
+                transient,
+            }
+        })
+    }
+}
+
+/// A connection for one statement ([`PgStore::single`]).
+pub(crate) enum Single {
+    Direct(sqlx::pool::PoolConnection<sqlx::Postgres>),
+    Pooled(sqlx::Transaction<'static, sqlx::Postgres>),
+}
+
+impl Single {
+    pub(crate) fn connection(&mut self) -> &mut PgConnection {
+        match self {
+            Single::Direct(conn) => conn,
+            Single::Pooled(tx) => tx,
+        }
+    }
+
+    /// Commits the statement's own transaction (behind PgBouncer).
+    pub(crate) async fn finish(self) -> Result<(), sqlx::Error> {
+        match self {
+            Single::Direct(_) => Ok(()),
+            Single::Pooled(tx) => tx.commit().await,
+        }
     }
 }
 
@@ -235,14 +434,57 @@ fn session_settings(options: PgConnectOptions) -> PgConnectOptions {
     )
 }
 
-/// One connection attempt, bounded by [`CONNECT_TIMEOUT`].
-async fn connect_once(options: &PgConnectOptions) -> Result<PgConnection, Error> {
+/// The first connection: transient failures are tried again for
+/// [`FIRST_CONNECT_DEADLINE`], a server out of connection slots for
+/// [`SLOT_PATIENCE`] (another client's end frees one). The error, and
+/// whether it was the connection limit (then still transient).
+async fn first_connection(options: &PgConnectOptions) -> Result<PgConnection, (Error, bool)> {
+    let backoff = tidemark_core::spec::RetryPolicy {
+        max_attempts: u32::MAX,
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(500),
+    };
+    let started = tokio::time::Instant::now();
+    let (mut attempt, mut told) = (0, false);
+    loop {
+        attempt += 1;
+        let (error, limit) = match connect_once(options).await {
+            Ok(connection) => return Ok(connection),
+            Err(failed) => failed,
+        };
+        let patience = if limit {
+            SLOT_PATIENCE
+        } else {
+            FIRST_CONNECT_DEADLINE
+        };
+        if !error.is_transient() || started.elapsed() >= patience {
+            return Err((error, limit));
+        }
+        if limit && !told {
+            tracing::warn!(error = %error, "waiting for a free connection slot");
+            told = true;
+        }
+        tracing::debug!(error = %error, attempt, "connecting to PostgreSQL: trying again");
+        tokio::time::sleep(backoff.delay(attempt, None, rand::random::<f64>())).await;
+    }
+}
+
+/// One connection attempt, bounded by [`CONNECT_TIMEOUT`]; whether a
+/// failure was the server's connection limit.
+async fn connect_once(options: &PgConnectOptions) -> Result<PgConnection, (Error, bool)> {
     match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options)).await {
-        Ok(connected) => connected.map_err(db_error),
-        Err(_) => Err(Error::Database {
-            message: format!("no answer within {CONNECT_TIMEOUT:?}"),
-            transient: true,
-        }),
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(e)) => {
+            let limit = crate::db_error::is_connection_limit(&e);
+            Err((db_error(e), limit))
+        }
+        Err(_) => Err((
+            Error::Database {
+                message: format!("no answer within {CONNECT_TIMEOUT:?}"),
+                transient: true,
+            },
+            false,
+        )),
     }
 }
 

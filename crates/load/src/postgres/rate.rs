@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tidemark_core::rate::{GateFuture, RateGate};
 use tidemark_core::Error;
 use tokio::time::Instant;
@@ -73,7 +72,7 @@ SET paused_until = greatest(_tm_rate_buckets.paused_until, EXCLUDED.paused_until
 
 /// One source's shared bucket, as this process sees it.
 pub(crate) struct PgRateGate {
-    pool: PgPool,
+    store: super::PgStore,
     pipeline: String,
     source: String,
     plan: LeasePlan,
@@ -101,9 +100,14 @@ struct Take {
 }
 
 impl PgRateGate {
-    pub(crate) fn new(pool: PgPool, pipeline: &str, source: &str, plan: LeasePlan) -> PgRateGate {
+    pub(crate) fn new(
+        store: super::PgStore,
+        pipeline: &str,
+        source: &str,
+        plan: LeasePlan,
+    ) -> PgRateGate {
         PgRateGate {
-            pool,
+            store,
             pipeline: pipeline.to_string(),
             source: source.to_string(),
             plan,
@@ -166,31 +170,41 @@ impl PgRateGate {
     /// the source).
     async fn take(&self, want: u32) -> Result<Take, Error> {
         for _ in 0..2 {
-            let row: Option<(i32, f64)> = sqlx::query_as(TAKE.as_str())
+            let take = sqlx::query_as(TAKE.as_str())
+                .persistent(self.store.persistent())
                 .bind(&self.pipeline)
                 .bind(&self.source)
                 .bind(self.int(self.plan.per_second))
                 .bind(self.int(self.plan.burst))
                 .bind(f64::from(self.plan.capacity))
-                .bind(self.int(want))
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.error("take a token", e))?;
+                .bind(self.int(want));
+            let row: Option<(i32, f64)> = async {
+                let mut on = self.store.single().await?;
+                let row = take.fetch_optional(on.connection()).await?;
+                on.finish().await.map(|()| row)
+            }
+            .await
+            .map_err(|e| self.error("take a token", e))?;
             if let Some((granted, wait)) = row {
                 return Ok(Take {
                     granted: u32::try_from(granted).unwrap_or(0),
                     wait: Duration::try_from_secs_f64(wait).unwrap_or(Duration::from_millis(1)),
                 });
             }
-            sqlx::query(CREATE)
+            let create = sqlx::query(CREATE)
+                .persistent(self.store.persistent())
                 .bind(&self.pipeline)
                 .bind(&self.source)
                 .bind(self.int(self.plan.per_second))
                 .bind(self.int(self.plan.burst))
-                .bind(f64::from(self.plan.capacity))
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.error("create the bucket", e))?;
+                .bind(f64::from(self.plan.capacity));
+            async {
+                let mut on = self.store.single().await?;
+                create.execute(on.connection()).await?;
+                on.finish().await
+            }
+            .await
+            .map_err(|e| self.error("create the bucket", e))?;
         }
         Err(Error::Database {
             message: format!(
@@ -208,16 +222,21 @@ impl PgRateGate {
             local.paused_until = Some(local.paused_until.map_or(until, |u| u.max(until)));
             local.tokens = 0;
         }
-        sqlx::query(PAUSE)
+        let pause = sqlx::query(PAUSE)
+            .persistent(self.store.persistent())
             .bind(&self.pipeline)
             .bind(&self.source)
             .bind(self.int(self.plan.per_second))
             .bind(self.int(self.plan.burst))
             .bind(f64::from(self.plan.capacity))
-            .bind(delay.as_secs_f64())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.error("pause the source", e))?;
+            .bind(delay.as_secs_f64());
+        async {
+            let mut on = self.store.single().await?;
+            pause.execute(on.connection()).await?;
+            on.finish().await
+        }
+        .await
+        .map_err(|e| self.error("pause the source", e))?;
         Ok(())
     }
 

@@ -9,9 +9,9 @@
 //! parsed in place, chunk by chunk, so memory stays at one chunk.
 
 use futures_util::TryStreamExt;
-use sqlx::{Postgres, Transaction};
 use tidemark_core::{Error, FieldType, Hash128, Value};
 
+use super::driver::PgTx;
 use crate::db_error::DbResultExt;
 use crate::schema::{quote, stored_key_from_text, TableSchema};
 use crate::stored::StoredHashes;
@@ -31,7 +31,7 @@ struct LiveRow {
 /// Key hash, row hash and "written by this run" (when `run_id` is given) of
 /// the run key's live rows.
 pub(super) async fn stored_rows(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut PgTx,
     schema: &TableSchema,
     lineage: &Lineage,
     run_id: Option<&str>,
@@ -51,7 +51,7 @@ pub(super) async fn stored_rows(
 /// The run key's live row count, and the natural keys of the rows it held
 /// at the start that no batch of this run has seen.
 pub(super) async fn vanished_keys(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut PgTx,
     schema: &TableSchema,
     lineage: &Lineage,
     existing: &StoredHashes,
@@ -70,7 +70,7 @@ pub(super) async fn vanished_keys(
 
 /// Streams the run key's live rows through `each`.
 async fn scan(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut PgTx,
     schema: &TableSchema,
     lineage: &Lineage,
     run_id: Option<&str>,
@@ -78,7 +78,7 @@ async fn scan(
 ) -> Result<(), Error> {
     // COPY takes no bind parameters: the run key travels as settings local
     // to this transaction.
-    sqlx::query(
+    tx.query(
         "SELECT set_config('tidemark.source', $1, true), set_config('tidemark.export_type', $2, true),
                 set_config('tidemark.period_start', $3, true), set_config('tidemark.run_id', $4, true)",
     )
@@ -86,11 +86,12 @@ async fn scan(
     .bind(&lineage.export_type)
     .bind(&lineage.period_start)
     .bind(run_id.unwrap_or_default())
-    .execute(&mut **tx)
+    .execute(tx.connection())
     .await
     .db()?;
     let types: Vec<FieldType> = schema.key_columns().map(|(_, ty)| *ty).collect();
     let mut stream = tx
+        .connection()
         .copy_out_raw(&copy_sql(schema, run_id.is_some()))
         .await
         .db()?;

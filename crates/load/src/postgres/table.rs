@@ -14,12 +14,12 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::PgPool;
-use sqlx::{Postgres, Transaction};
 use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, FieldType, Row, Value};
 
 use super::copy_binary::{encode_rows, LineageValues};
+use super::driver::PgTx;
+use super::PgStore;
 use crate::db_error::DbResultExt;
 use crate::schema::{compare_columns, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, WriteCounts};
@@ -55,18 +55,19 @@ fn lineage_type(column: &str) -> &'static str {
     }
 }
 
-pub(super) async fn ensure_table(pool: &PgPool, schema: &TableSchema) -> Result<(), Error> {
-    let mut tx = pool.begin().await.db()?;
+pub(super) async fn ensure_table(store: &PgStore, schema: &TableSchema) -> Result<(), Error> {
+    let mut tx = PgTx::begin(store).await?;
     // Concurrent CREATE TABLE IF NOT EXISTS can still collide in the
     // catalog; serialise DDL on this table across every worker.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('tidemark.ddl.' || $1))")
+    tx.query("SELECT pg_advisory_xact_lock(hashtext('tidemark.ddl.' || $1))")
         .bind(&schema.table)
-        .execute(&mut *tx)
+        .execute(tx.connection())
         .await
         .db()?;
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass(quote_ident($1)) IS NOT NULL")
+    let exists: bool = tx
+        .query_scalar("SELECT to_regclass(quote_ident($1)) IS NOT NULL")
         .bind(&schema.table)
-        .fetch_one(&mut *tx)
+        .fetch_one(tx.connection())
         .await
         .db()?;
     if exists {
@@ -74,13 +75,10 @@ pub(super) async fn ensure_table(pool: &PgPool, schema: &TableSchema) -> Result<
     } else {
         create_table(&mut tx, schema).await?;
     }
-    tx.commit().await.db()
+    tx.commit_now().await
 }
 
-async fn create_table(
-    tx: &mut Transaction<'_, Postgres>,
-    schema: &TableSchema,
-) -> Result<(), Error> {
+async fn create_table(tx: &mut PgTx, schema: &TableSchema) -> Result<(), Error> {
     let mut columns: Vec<String> = schema
         .columns
         .iter()
@@ -96,14 +94,14 @@ async fn create_table(
     }
     columns.push(format!("UNIQUE ({})", key_list(schema)));
     let table = quote(&schema.table);
-    sqlx::query(&format!(
+    tx.query(&format!(
         "CREATE TABLE {table} (\n  {}\n)",
         columns.join(",\n  ")
     ))
-    .execute(&mut **tx)
+    .execute(tx.connection())
     .await
     .db()?;
-    sqlx::query(&format!(
+    tx.query(&format!(
         "CREATE INDEX {} ON {table} (_tm_source, _tm_export_type, _tm_period_start)",
         quote(&format!(
             "{}{}",
@@ -111,7 +109,7 @@ async fn create_table(
             tidemark_core::spec::RUN_KEY_INDEX_SUFFIX
         ))
     ))
-    .execute(&mut **tx)
+    .execute(tx.connection())
     .await
     .db()?;
     tracing::info!(table = %schema.table, "created destination table");
@@ -123,18 +121,16 @@ async fn create_table(
 /// A field it lacks that is neither required nor in the key is added as a
 /// nullable column, in the caller's transaction under the DDL advisory
 /// lock, so two workers cannot both add it.
-async fn check_table(
-    tx: &mut Transaction<'_, Postgres>,
-    schema: &TableSchema,
-) -> Result<(), Error> {
-    let actual: Vec<(String, String)> = sqlx::query_as(
-        "SELECT column_name::text, data_type::text FROM information_schema.columns
+async fn check_table(tx: &mut PgTx, schema: &TableSchema) -> Result<(), Error> {
+    let actual: Vec<(String, String)> = tx
+        .query_as(
+            "SELECT column_name::text, data_type::text FROM information_schema.columns
          WHERE table_schema = current_schema() AND table_name = $1",
-    )
-    .bind(&schema.table)
-    .fetch_all(&mut **tx)
-    .await
-    .db()?;
+        )
+        .bind(&schema.table)
+        .fetch_all(tx.connection())
+        .await
+        .db()?;
     let check = compare_columns(
         schema,
         &actual,
@@ -148,16 +144,17 @@ async fn check_table(
     if !check.problems.is_empty() {
         return Err(contract(check.problems.join("; ")));
     }
-    let unique_sets: Vec<Vec<String>> = sqlx::query_scalar(
-        "SELECT array_agg(a.attname::text) FROM pg_index i
+    let unique_sets: Vec<Vec<String>> = tx
+        .query_scalar(
+            "SELECT array_agg(a.attname::text) FROM pg_index i
          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
          WHERE i.indrelid = to_regclass(quote_ident($1)) AND i.indisunique
          GROUP BY i.indexrelid",
-    )
-    .bind(&schema.table)
-    .fetch_all(&mut **tx)
-    .await
-    .db()?;
+        )
+        .bind(&schema.table)
+        .fetch_all(tx.connection())
+        .await
+        .db()?;
     let key: HashSet<&str> = schema.key_columns().map(|(n, _)| n.as_str()).collect();
     let keyed = unique_sets
         .iter()
@@ -178,12 +175,12 @@ async fn check_table(
                 format!("ADD COLUMN {} {}", quote(name), pg_type(*ty))
             })
             .collect();
-        sqlx::query(&format!(
+        tx.query(&format!(
             "ALTER TABLE {} {}",
             quote(&schema.table),
             adds.join(", ")
         ))
-        .execute(&mut **tx)
+        .execute(tx.connection())
         .await
         .db()?;
         for &i in &check.to_add {
@@ -191,11 +188,11 @@ async fn check_table(
         }
     }
     if schema.soft_delete && !actual.iter().any(|(n, _)| n == DELETED_AT) {
-        sqlx::query(&format!(
+        tx.query(&format!(
             "ALTER TABLE {} ADD COLUMN {DELETED_AT} timestamptz",
             quote(&schema.table)
         ))
-        .execute(&mut **tx)
+        .execute(tx.connection())
         .await
         .db()?;
     }
@@ -237,7 +234,7 @@ fn column_list(schema: &TableSchema) -> String {
 }
 
 async fn copy_into(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut sqlx::postgres::PgConnection,
     table: &str,
     columns: &str,
     data: &[u8],
@@ -255,7 +252,7 @@ async fn copy_into(
 }
 
 pub(super) async fn write_rows(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut PgTx,
     schema: &TableSchema,
     batch: &BatchWrite<'_>,
     data: &[u8],
@@ -266,7 +263,7 @@ pub(super) async fn write_rows(
     }
     let columns = column_list(schema);
     if batch.try_direct_copy {
-        let mut savepoint = sqlx::Connection::begin(&mut **tx).await.db()?;
+        let mut savepoint = sqlx::Connection::begin(tx.connection()).await.db()?;
         match copy_into(&mut savepoint, &quote(&schema.table), &columns, data).await {
             Ok(n) => {
                 savepoint.commit().await.db()?;
@@ -286,7 +283,7 @@ pub(super) async fn write_rows(
 }
 
 async fn merge_through_stage(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut PgTx,
     schema: &TableSchema,
     columns: &str,
     data: &[u8],
@@ -294,13 +291,15 @@ async fn merge_through_stage(
 ) -> Result<WriteCounts, Error> {
     let table = quote(&schema.table);
     let stage = quote(&stage_name(schema, columns));
-    sqlx::query(&format!(
+    tx.query(&format!(
         "CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
     ))
-    .execute(&mut **tx)
+    .execute(tx.connection())
     .await
     .db()?;
-    copy_into(tx, &stage, columns, data).await.db()?;
+    copy_into(tx.connection(), &stage, columns, data)
+        .await
+        .db()?;
     let mut sets: Vec<String> = schema
         .columns
         .iter()
@@ -337,7 +336,10 @@ async fn merge_through_stage(
         key_list(schema),
         sets.join(", ")
     );
-    let returned: Vec<bool> = sqlx::query_scalar(&sql).fetch_all(&mut **tx).await.db()?;
+    let returned: Vec<bool> = sqlx::query_scalar(&sql)
+        .fetch_all(tx.connection())
+        .await
+        .db()?;
     let inserted = returned.iter().filter(|i| **i).count() as u64;
     let written = returned.len() as u64;
     let superseded = if written < staged as u64 {
@@ -370,11 +372,7 @@ fn stage_name(schema: &TableSchema, columns: &str) -> String {
 /// How many staged rows another run key still holds after the merge: left
 /// to a later period by the ownership rule. Asked only when the merge wrote
 /// fewer rows than it was given; logs each key at debug level.
-async fn held_elsewhere(
-    tx: &mut Transaction<'_, Postgres>,
-    schema: &TableSchema,
-    stage: &str,
-) -> Result<u64, Error> {
+async fn held_elsewhere(tx: &mut PgTx, schema: &TableSchema, stage: &str) -> Result<u64, Error> {
     let keys: Vec<String> = schema
         .key_columns()
         .map(|(n, _)| format!("s.{}::text", quote(n)))
@@ -391,7 +389,7 @@ async fn held_elsewhere(
         quote(&schema.table),
         join.join(" AND ")
     );
-    let held: Vec<(String, String)> = sqlx::query_as(&sql).fetch_all(&mut **tx).await.db()?;
+    let held: Vec<(String, String)> = sqlx::query_as(&sql).fetch_all(tx.connection()).await.db()?;
     for (key, period) in &held {
         tracing::debug!(%key, held_by = %period, "row left as it is: a later period holds its key");
     }
@@ -401,7 +399,7 @@ async fn held_elsewhere(
 /// Deletes (or soft-deletes) rows of the run key by natural key, joining
 /// against `unnest` of one text array per key column.
 pub(super) async fn delete_keys(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut PgTx,
     schema: &TableSchema,
     lineage: &Lineage,
     on_missing: OnMissing,
@@ -434,7 +432,8 @@ pub(super) async fn delete_keys(
             join.join(" AND ")
         ),
     };
-    let mut query = sqlx::query(&sql)
+    let mut query = tx
+        .query(&sql)
         .bind(&lineage.source)
         .bind(&lineage.export_type)
         .bind(&lineage.period_start);
@@ -442,5 +441,5 @@ pub(super) async fn delete_keys(
         let column: Vec<Option<String>> = keys.iter().map(|k| k[i].canonical_text()).collect();
         query = query.bind(column);
     }
-    Ok(query.execute(&mut **tx).await.db()?.rows_affected())
+    Ok(query.execute(tx.connection()).await.db()?.rows_affected())
 }
