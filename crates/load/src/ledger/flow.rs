@@ -228,12 +228,17 @@ pub(crate) async fn claim_next<D: Driver>(
         return Ok(None);
     }
     let s = sql::<D>();
-    let names: Vec<Arg<'_>> = pipelines.iter().map(|p| Arg::Text(&p.name)).collect();
-    let mut takeover = vec![Arg::Text(&request.worker.host)];
-    takeover.extend(names.iter().copied());
+    let cutoffs = due_cutoffs(pipelines);
+    let args = QueueArgs::of(pipelines, &cutoffs, &request.worker.host);
     let mut tx = driver.begin().await?;
     let mut candidates = Vec::new();
-    for row in fetch_all(&mut tx, &s.takeover_candidates(pipelines.len()), &takeover).await? {
+    for row in fetch_all(
+        &mut tx,
+        &s.takeover_candidates(pipelines.len()),
+        &args.running,
+    )
+    .await?
+    {
         // Only a key the rules would take is locked (and judged again,
         // locked, by `take`): a live holder's row is never locked.
         let Some(request) = queue_request(pipelines, &row, request)? else {
@@ -247,10 +252,9 @@ pub(crate) async fn claim_next<D: Driver>(
             candidates.push(locked);
         }
     }
-    let cutoffs = due_cutoffs(pipelines);
-    let mut next_args = names.clone();
-    next_args.extend(cutoffs.iter().map(|c| Arg::Text(c)));
-    if let Some(next) = fetch_optional(&mut tx, &s.queue_next(pipelines.len()), &next_args).await? {
+    if let Some(next) =
+        fetch_optional(&mut tx, &s.queue_next(pipelines.len()), &args.pending).await?
+    {
         candidates.push(next);
     }
     for row in candidates {
@@ -304,6 +308,26 @@ fn queue_request(
     }))
 }
 
+/// The arguments of the queue's statements for a worker of `pipelines` on
+/// `host`: `running` binds the scans of running keys (the host, then the
+/// pipelines), `pending` the reads of the first pending key (the pipelines,
+/// then their due cut-offs).
+struct QueueArgs<'a> {
+    running: Vec<Arg<'a>>,
+    pending: Vec<Arg<'a>>,
+}
+
+impl<'a> QueueArgs<'a> {
+    fn of(pipelines: &'a [QueuePipeline], cutoffs: &'a [String], host: &'a str) -> QueueArgs<'a> {
+        let names = pipelines.iter().map(|p| Arg::Text(&p.name));
+        let running = std::iter::once(Arg::Text(host))
+            .chain(names.clone())
+            .collect();
+        let pending = names.chain(cutoffs.iter().map(|c| Arg::Text(c))).collect();
+        QueueArgs { running, pending }
+    }
+}
+
 /// The due cut-offs of `pipelines`, in their order, as the ledger compares
 /// times.
 fn due_cutoffs(pipelines: &[QueuePipeline]) -> Vec<String> {
@@ -330,20 +354,16 @@ pub(crate) async fn work_left<D: Driver>(
     }
     let s = sql::<D>();
     let cutoffs = due_cutoffs(pipelines);
-    let names = pipelines.iter().map(|p| Arg::Text(&p.name));
-    let mut queue_args: Vec<Arg<'_>> = names.clone().collect();
-    queue_args.extend(cutoffs.iter().map(|c| Arg::Text(c)));
-    let mut running_args = vec![Arg::Text(&me.host)];
-    running_args.extend(names);
+    let args = QueueArgs::of(pipelines, &cutoffs, &me.host);
     let mut tx = driver.begin_read().await?;
-    let pending = fetch_optional(&mut tx, &s.queue_peek(pipelines.len()), &queue_args).await?;
+    let pending = fetch_optional(&mut tx, &s.queue_peek(pipelines.len()), &args.pending).await?;
     let running = match pending {
         Some(_) => Vec::new(),
         None => {
             fetch_all(
                 &mut tx,
                 &s.running_leftovers(pipelines.len()),
-                &running_args,
+                &args.running,
             )
             .await?
         }
@@ -382,22 +402,18 @@ pub(crate) async fn explain_claim<D: Driver>(
 ) -> Result<crate::ClaimPlan, Error> {
     let s = sql::<D>();
     let cutoffs = due_cutoffs(pipelines);
-    let names = pipelines.iter().map(|p| Arg::Text(&p.name));
-    let mut takeover_args = vec![Arg::Text("")];
-    takeover_args.extend(names.clone());
-    let mut next_args: Vec<Arg<'_>> = names.collect();
-    next_args.extend(cutoffs.iter().map(|c| Arg::Text(c)));
+    let args = QueueArgs::of(pipelines, &cutoffs, "");
     let mut tx = driver.begin_read().await?;
     let takeover = plan_lines::<D>(
         &mut tx,
         &s.explain(&s.takeover_candidates(pipelines.len())),
-        &takeover_args,
+        &args.running,
     )
     .await?;
     let next = plan_lines::<D>(
         &mut tx,
         &s.explain(&s.queue_next(pipelines.len())),
-        &next_args,
+        &args.pending,
     )
     .await?;
     tx.commit().await?;
