@@ -204,10 +204,14 @@ async fn terminated_sessions_during_a_backfill_are_retried_postgres() {
     let url = format!("{}?application_name=tm_chaos", env.db.url());
     let admin = env.db.url();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The backfill starts once the killer is connected: on a loaded
+    // machine its connection could otherwise come after a short backfill.
+    let (connected, ready) = tokio::sync::oneshot::channel();
     let killer = {
         let stop = std::sync::Arc::clone(&stop);
         tokio::spawn(async move {
             let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connect");
+            let _ = connected.send(());
             let mut killed = 0u64;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 let n: i64 = sqlx::query_scalar(
@@ -223,6 +227,7 @@ async fn terminated_sessions_during_a_backfill_are_retried_postgres() {
             killed
         })
     };
+    ready.await.expect("the killer connects");
     let out = env.tidemark_at(
         &url,
         &[
