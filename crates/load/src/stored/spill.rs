@@ -183,7 +183,8 @@ impl Spilled {
         self.unseen
     }
 
-    /// Whether a lookup needed the key-sorted copy (for tests and logs).
+    /// Whether a lookup needed the key-sorted copy.
+    #[cfg(test)]
     pub(crate) fn sorted(&self) -> bool {
         self.sorted.is_some()
     }
@@ -247,6 +248,10 @@ impl Spilled {
             return Ok(found);
         }
         if self.sorted.is_none() {
+            tracing::debug!(
+                stored = self.len,
+                "a key is not where the stored order expects it: sorting the stored hashes"
+            );
             self.sorted = Some(SortedIndex::build(&self.file, self.len, self.budget)?);
         }
         missed.sort_unstable_by_key(|&i| keys[i]);
