@@ -198,3 +198,65 @@ fn a_100_mib_ndjson_page_loads_within_the_budget() {
     );
     assert!(peak <= MAX_PEAK_KIB, "peak RSS {peak} KiB");
 }
+
+/// A streamed page cut mid-body after batches of it were committed: the
+/// cut is transient, the run reads the page again from its committed
+/// checkpoint (skipping the records already loaded, checked by their
+/// hash) and loads every row exactly once.
+#[test]
+fn a_streamed_page_cut_mid_body_resumes_at_its_checkpoint() {
+    let env = Env::sqlite();
+    let page = ndjson_page(5000, 100);
+    let server = Server::start(move |r| match r.nth {
+        1 => Reply::Reset(Box::new(Reply::ndjson(page.clone()))),
+        _ => Reply::ndjson(page.clone()),
+    });
+    write_pipeline(
+        &env,
+        "big",
+        &format!(
+            "transport = \"http\"\nformat = \"ndjson\"\nurl = \"{}/cut\"",
+            server.base
+        ),
+        "id = { type = \"text\", required = true }\npad = { type = \"text\" }",
+        "batch_size = 100",
+    );
+    let (_, out) = run_measured(&env);
+    out.expect_code(0, "a cut page read again");
+    assert!(
+        out.stderr
+            .contains("read source failed with a transient error")
+            && out.stderr.contains("Connection reset"),
+        "the cut is transient and retried\n{out}"
+    );
+    assert_eq!(server.requests(), 2, "{out}");
+    let count = env.db.rows_blocking("SELECT COUNT(*) FROM big");
+    assert_eq!(count[0][0].as_deref(), Some("5000"));
+    let entry = ledger(&env, "big", DAY);
+    assert_eq!(entry["rows_read"], 5000, "each record read once: {entry}");
+}
+
+/// A server that ignores the page parameter sends the same streamed body
+/// for page 2: the repeat is seen once that body is read to its end, and
+/// the period fails as it does for a JSON page.
+#[test]
+fn a_repeated_streamed_page_fails_the_period() {
+    let env = Env::sqlite();
+    let server = Server::start(|_| Reply::ndjson(ndjson_page(10, 10)));
+    write_pipeline(
+        &env,
+        "big",
+        &format!(
+            "transport = \"http\"\nformat = \"ndjson\"\nurl = \"{}/same\"\n\
+             pagination = {{ style = \"page\", size_param = \"per_page\", size = 10 }}",
+            server.base
+        ),
+        "id = { type = \"text\", required = true }\npad = { type = \"text\" }",
+        "",
+    );
+    let (_, out) = run_measured(&env);
+    out.expect_code(1, "a server ignoring the page parameter");
+    assert!(out.stderr.contains("identical to page 1"), "{out}");
+    assert_eq!(server.requests(), 2, "{out}");
+    assert_eq!(ledger(&env, "big", DAY)["status"], "failed");
+}
