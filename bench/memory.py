@@ -19,8 +19,10 @@ Cases:
                    until the page passes max_page_bytes, 256 MiB, then fails)
   gzip-bomb        300 MiB of zeros gzipped to a few hundred KiB
                    (Content-Encoding: gzip; fails at the line limit)
-  ndjson-100MiB    a legitimate 100 MiB NDJSON page (20 MiB with --quick):
-                   must load every row
+  ndjson-100MiB    a legitimate 100 MiB NDJSON page (20 MiB with --quick) of
+                   200-byte records: must load every row
+  file-100MiB      the same records as an NDJSON file source: the baseline
+                   (no page at all); printed: the HTTP / file peak ratio
   json-4MiB        a JSON page just under its default limit (load.memory_budget
                    / 16) of small records ({"id", "pad"}: 40 bytes each), the
                    worst case for a page held whole: must load every row
@@ -31,6 +33,7 @@ Cases:
 """
 
 import argparse
+import itertools
 import os
 import shutil
 import sqlite3
@@ -46,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "tidemark")
 BOUND_MIB = 160
 DAY = "2024-02-01"
-PAD = b"a" * 1000
+PAD = b"a" * 170
 
 JSON_RECORD = b'{"id":"%d","pad":"aaaaaaaaaaaaaaaaaaaa"},'
 
@@ -59,9 +62,7 @@ granularity = "day"
 
 [[sources]]
 id = "src"
-transport = "http"
-format = "{format}"
-url = "{url}"
+{source}
 
 [fields]
 id = {{ type = "text", required = true }}
@@ -125,9 +126,7 @@ class Handler(BaseHTTPRequestHandler):
 
 def endless_line(h):
     chunk = b"a" * (64 << 10)
-    h.chunked(
-        [b'{"id":"1","pad":"'] + (chunk for _ in range(1 << 16))  # 4 GiB at most
-    )
+    h.chunked(itertools.chain([b'{"id":"1","pad":"'], itertools.repeat(chunk, 1 << 16)))  # 4 GiB at most
 
 
 def endless_records(h):
@@ -164,12 +163,17 @@ def json_page(limit):
 
 
 def run_case(base, path, expect_ok, fmt="ndjson"):
-    """Runs the pipeline against base+path in a fresh directory: (peak MiB, ok, detail)."""
+    """Runs the pipeline against base+path (or, when `path` is a file, that
+    file) in a fresh directory: (peak MiB, ok, detail)."""
     work = tempfile.mkdtemp(prefix="tidemark-mem-")
     try:
         os.makedirs(os.path.join(work, "pipelines"))
         with open(os.path.join(work, "pipelines", "big.toml"), "w") as f:
-            f.write(PIPELINE.format(url=base + path, format=fmt))
+            if os.path.isfile(path):
+                source = 'transport = "file"\nformat = "%s"\npath = "%s"' % (fmt, path)
+            else:
+                source = 'transport = "http"\nformat = "%s"\nurl = "%s"' % (fmt, base + path)
+            f.write(PIPELINE.format(source=source))
         db = os.path.join(work, "t.db")
         started = time.monotonic()
         proc = subprocess.Popen(
@@ -196,11 +200,16 @@ def run_case(base, path, expect_ok, fmt="ndjson"):
             outcome = proc.returncode == 0
             detail = "exit %d, %d rows, %.1f s" % (proc.returncode, rows, elapsed)
         else:
-            limit = "max_page_bytes" in stderr or "longer than" in stderr
-            outcome = proc.returncode == 1 and limit
+            if "has a line longer than" in stderr:
+                limit = "the line limit"
+            elif "the page is larger than" in stderr:
+                limit = "max_page_bytes"
+            else:
+                limit = None
+            outcome = proc.returncode == 1 and limit is not None
             detail = "exit %d at %s, %d rows committed before, %.1f s" % (
                 proc.returncode,
-                "max_page_bytes" if "max_page_bytes" in stderr else "the line limit" if limit else "?",
+                limit or "? (%s)" % stderr.strip().splitlines()[-1:],
                 rows,
                 elapsed,
             )
@@ -228,11 +237,16 @@ def run(quick):
     }
     server = serve(cases)
     base = "http://127.0.0.1:%d" % server.server_address[1]
+    data = tempfile.mkdtemp(prefix="tidemark-mem-data-")
+    legit_file = os.path.join(data, "page.ndjson")
+    with open(legit_file, "wb") as f:
+        f.write(legit)
     plan = [
         ("endless-line", "/endless-line", False),
         ("endless-records", "/endless-records", False),
         ("gzip-bomb (%d KiB of 300 MiB)" % (len(bomb) >> 10), "/gzip-bomb", False),
         ("ndjson-%dMiB (%d rows)" % (legit_mib, legit_lines), "/ndjson", True),
+        ("file-%dMiB (baseline)" % legit_mib, legit_file, True),
         ("json-4MiB (%d rows)" % json_rows, "/json", True, "json"),
     ]
     results = []
@@ -243,6 +257,9 @@ def run(quick):
             results.append((name, round(mib, 1), ok))
     finally:
         server.shutdown()
+        shutil.rmtree(data, ignore_errors=True)
+    page, file = results[3][1], results[4][1]
+    print("  the %d MiB page over HTTP / as a file: %.2fx peak RSS" % (legit_mib, page / file))
     return results
 
 

@@ -27,6 +27,7 @@
 //! [`request`]); the runner sees only permanent errors, and every error
 //! leaving the reader has its secrets redacted.
 
+mod json_page;
 pub(crate) mod limiter;
 mod page;
 mod paging;

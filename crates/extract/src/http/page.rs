@@ -23,6 +23,7 @@ use tidemark_core::spec::{ExpectCount, Pagination};
 use tidemark_core::{Error, Location, RawRecord};
 use xxhash_rust::xxh3::Xxh3;
 
+use super::json_page;
 use super::paging::{self, Continuation, PageRequest};
 use super::request::Body;
 use super::stream::{BodyStream, EndHandle};
@@ -114,12 +115,15 @@ impl Decoder {
         let rows = match self {
             Decoder::Json { pointer } => {
                 let body = body.into_bytes()?;
-                let doc = parse_json(&body, input)?;
+                let (doc, texts) = parse_page(&body, pointer, input)?;
                 drop(body);
                 let continuation = continuation(input, Some(&doc))?;
                 let total = declared_total(input, Some(&doc))?;
-                let cursor = JsonCursor::from_document(doc, resource, pointer)
-                    .map_err(|e| at_page(e, input.number))?;
+                let cursor = match texts {
+                    Some(texts) => Ok(JsonCursor::from_texts(texts, resource)),
+                    None => JsonCursor::from_document(doc, resource, pointer),
+                };
+                let cursor = cursor.map_err(|e| at_page(e, input.number))?;
                 return Ok(Decoded {
                     records: Records {
                         rows: Rows::Json(cursor),
@@ -270,10 +274,43 @@ impl Records {
     }
 }
 
+/// Parses a JSON page: the document, and the records at `pointer` as
+/// texts ([`json_page`]) unless the cursor or the declared total is read
+/// from inside them (then the document holds them, parsed).
+fn parse_page(
+    body: &[u8],
+    pointer: &str,
+    input: &PageInput,
+) -> Result<(Value, Option<Vec<String>>), Error> {
+    let cursor = match &input.pagination {
+        Pagination::Cursor { cursor, .. } => Some(cursor.as_str()),
+        _ => None,
+    };
+    let total = input
+        .expect_count
+        .as_ref()
+        .and_then(|e| e.pointer.as_deref());
+    if [cursor, total]
+        .into_iter()
+        .flatten()
+        .any(|p| json_page::reads_records(pointer, p))
+    {
+        return parse_json(body, input).map(|doc| (doc, None));
+    }
+    let split =
+        json_page::split(strip_bom(body), pointer).map_err(|e| json_error(&e, body, input))?;
+    Ok((split.doc, split.records))
+}
+
 /// Parses a JSON page. The body is complete (see the module
 /// documentation), so every failure is a parse error.
 fn parse_json(body: &[u8], input: &PageInput) -> Result<Value, Error> {
-    serde_json::from_slice(strip_bom(body)).map_err(|e| Error::Parse {
+    serde_json::from_slice(strip_bom(body)).map_err(|e| json_error(&e, body, input))
+}
+
+/// A JSON page that does not parse: a parse error at its line.
+fn json_error(e: &serde_json::Error, body: &[u8], input: &PageInput) -> Error {
+    Error::Parse {
         location: Location {
             resource: input.resource.to_string(),
             page: Some(input.number),
@@ -281,7 +318,7 @@ fn parse_json(body: &[u8], input: &PageInput) -> Result<Value, Error> {
             line: Some(u64::try_from(e.line()).unwrap_or(u64::MAX)),
         },
         message: format!("invalid JSON{}: {e}", not_json_hint(body, input)),
-    })
+    }
 }
 
 /// ` (the response's Content-Type is text/html; it starts with "…")` when
