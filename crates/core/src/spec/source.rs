@@ -183,9 +183,9 @@ impl ExpectCount {
 pub const DEFAULT_STREAMED_PAGE_BYTES: u64 = 256 << 20;
 
 /// The most text held whole at once (a JSON page, one NDJSON line, one
-/// CSV line) is `load.memory_budget` divided by this. A quarter of the
-/// budget for the text and the records parsed from it, with the parsed
-/// records taking a few times the text's size (ADR 0020).
+/// CSV line) is `load.memory_budget` divided by this: with a JSON page's
+/// records kept as text, about an eighth of the budget, leaving the rest
+/// to the batches and the comparison state (ADR 0020).
 pub const HELD_WHOLE_DIVISOR: u64 = 16;
 
 /// What one page of an HTTP source may hold, derived from the source's
