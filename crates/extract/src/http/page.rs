@@ -10,9 +10,10 @@
 //! arrives ([`BodyStream`]): its records are handed out before its end is
 //! seen, and a transport failure met later surfaces from the record being
 //! read, still transient, while an NDJSON last line that stops mid-value
-//! in a complete body is the same parse error as before. When the server answered with a
-//! web page (`Content-Type: text/html`, as proxies and login walls do), the
-//! message says so and quotes the start of the body.
+//! in a complete body is the same parse error as before. When the server
+//! answered with a web page (`Content-Type: text/html`, as proxies and
+//! login walls do), the message says so and quotes the start of the body
+//! (of a stream, its first bytes).
 
 use std::io::{self, Read};
 use std::sync::Arc;

@@ -274,6 +274,12 @@ impl Fetcher {
                 ),
             ));
         }
+        if response
+            .content_length()
+            .is_some_and(|n| n > self.limits.page)
+        {
+            return Err(self.body_errors(shown, page).too_large(true));
+        }
         let body = if self.limits.streamed && status != StatusCode::NO_CONTENT {
             let errors = self.body_errors(shown, page);
             let limits = StreamLimits {

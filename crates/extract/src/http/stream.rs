@@ -184,9 +184,6 @@ async fn pump(
     limits: StreamLimits,
     tx: &mpsc::Sender<Bytes>,
 ) -> Result<Option<u64>, Overrun> {
-    if response.content_length().is_some_and(|n| n > limits.page) {
-        return Err(Overrun::Page);
-    }
     let mut hasher = Xxh3::new();
     let (mut total, mut line) = (0u64, 0u64);
     while let Some(chunk) = response.chunk().await.map_err(Overrun::Transport)? {
