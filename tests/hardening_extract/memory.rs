@@ -174,8 +174,8 @@ fn gzip_bomb_at_defaults_fails_within_the_budget() {
 #[test]
 fn a_100_mib_ndjson_page_loads_within_the_budget() {
     let env = Env::sqlite();
-    let lines = 103 << 10;
-    let page = std::sync::Arc::new(ndjson_page(lines, 1000));
+    let lines = 205 << 10;
+    let page = std::sync::Arc::new(ndjson_page(lines, 490));
     let size = page.len();
     let served = std::sync::Arc::clone(&page);
     let server = Server::start(move |_| Reply::ndjson(served.as_slice()));
