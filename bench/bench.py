@@ -13,10 +13,14 @@ Cases (--only days|period|small, default all):
           first load, mutated re-sync, unchanged re-sync, peak RSS of each,
           and the unchanged re-sync's speed-up over the first load
           (importable: period_speedups(quick, backends))
-  small   2,000 periods of 5 rows (day files): periods per second
+  small   2,000 periods of 5 rows (day files): periods per second, against
+          the hand-written pattern (bench/handwritten.py: claim + commit,
+          upsert + done + commit, per period) at tidemark's default
+          concurrency, in the same run; prints tidemark's ratio to it
 
 Needs: a release build (`cargo build --release`), psql and sqlite3 on PATH,
-GNU time at /usr/bin/time, and PostgreSQL at TIDEMARK_TEST_DATABASE_URL
+GNU time at /usr/bin/time, psycopg 3 for the hand-written baseline
+(`pip install "psycopg[binary]"`), and PostgreSQL at TIDEMARK_TEST_DATABASE_URL
 (default postgres://postgres@127.0.0.1:5432/postgres). Each PostgreSQL
 scenario runs in a fresh database that is dropped afterwards.
 
@@ -512,8 +516,39 @@ def period_speedups(quick, backends, rows=None, folder=None, batch_size=10_000, 
     return speedups
 
 
+def load_module(name):
+    """bench/<name>.py as a module, without putting bench/ on sys.path
+    (bench/queue.py would shadow the standard library's `queue`)."""
+    import importlib.util
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "bench", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # the worker processes find its functions by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def default_concurrency(backend):
+    """tidemark's default periods at once (crates/cli/cli.rs `concurrency`),
+    which the hand-written baseline gets as its pool size."""
+    cores = os.cpu_count() or 2
+    return min(max(cores, 2), 4) if backend == "sqlite" else min(max(2 * cores, 2), 8)
+
+
+def handwritten(folder, url, days, workers):
+    """The hand-written pattern (bench/handwritten.py) on the same files:
+    seconds for all periods, checked for every row loaded."""
+    hw = load_module("handwritten")
+    settle()
+    secs, rows = hw.run(folder, url, days[0], days[-1], workers)
+    assert rows == 5 * len(days), f"the hand-written pattern loaded {rows} rows, expected {5 * len(days)}"
+    return secs
+
+
 def small_scenario(folder, periods, backend):
-    """`periods` day files of 5 rows: a first backfill per setting."""
+    """`periods` day files of 5 rows: the hand-written pattern at tidemark's
+    default concurrency, then a first backfill per setting."""
     shutil.rmtree(folder, ignore_errors=True)
     rng = random.Random(3)
     days = [date(2020, 1, 1) + timedelta(days=i) for i in range(periods)]
@@ -522,15 +557,51 @@ def small_scenario(folder, periods, backend):
     with open(os.path.join(folder, "bench.toml"), "w") as f:
         f.write(PIPELINE.format(granularity="day", batch_size=10_000))
     results = {}
+    name, url, _ = fresh_target(folder, backend)
+    try:
+        results["handwritten"] = (handwritten(folder, url, days, default_concurrency(backend)), None)
+    finally:
+        if name:
+            drop_pg(name)
     for label, concurrency in SETTINGS:
         name, url, _ = fresh_target(folder, backend)
         try:
+            # The ledger exists before the clock starts, as the baseline's
+            # tables do: a scheduled sync finds it in place.
+            subprocess.run([BIN, "--database-url", url, "migrate"], check=True, capture_output=True)
             results[label] = tidemark(folder, url, days, False, concurrency)
         finally:
             if name:
                 drop_pg(name)
     shutil.rmtree(folder, ignore_errors=True)
     return results
+
+
+def small_report(backend, periods, runs):
+    """Prints the small case; returns tidemark's ratio to the hand-written
+    pattern at defaults (periods/s over periods/s, medians)."""
+    print(f"\n== {backend}: {periods:,} periods of 5 rows, first backfill, median of {len(runs)} ==")
+    base = statistics.median(r["handwritten"][0] for r in runs)
+    print(f"hand-written pattern [{default_concurrency(backend)} workers]: {base:.2f} s, "
+          f"{periods / base:,.0f} periods/s")
+    ratios = {}
+    for label, _ in SETTINGS:
+        secs = statistics.median(r[label][0] for r in runs)
+        rss = max(r[label][1] for r in runs)
+        ratios[label] = base / secs
+        print(f"tidemark [{label}]: {secs:.2f} s, {periods / secs:,.0f} periods/s, peak RSS {rss:.0f} MiB, "
+              f"{base / secs:.2f}x the hand-written pattern")
+    return ratios["defaults"]
+
+
+def small_ratios(quick=False, backends=("postgres", "sqlite"), repeat=1, folder=None):
+    """{backend: tidemark's periods/s at defaults over the hand-written
+    pattern's}, for a caller such as bench/scale.py."""
+    periods = 500 if quick else 2_000
+    folder = folder or os.path.join(ROOT, "bench", "data-small")
+    return {backend: small_report(backend, periods, [small_scenario(folder, periods, backend)
+                                                     for _ in range(repeat)])
+            for backend in backends}
 
 
 def main():
@@ -573,12 +644,7 @@ def main():
             print(f"{backend}: unchanged re-sync vs first load: {speedup:.2f}x "
                   f"({first:.2f} s / {unchanged:.2f} s, peak RSS {rss:.0f} MiB)")
         if "small" in cases:
-            runs = [small_scenario(args.dir, small, backend) for _ in range(args.repeat)]
-            print(f"\n== {backend}: {small:,} periods of 5 rows, first backfill, median of {len(runs)} ==")
-            for label, _ in SETTINGS:
-                secs = statistics.median(r[label][0] for r in runs)
-                rss = max(r[label][1] for r in runs)
-                print(f"tidemark [{label}]: {secs:.2f} s, {small / secs:,.0f} periods/s, peak RSS {rss:.0f} MiB")
+            small_report(backend, small, [small_scenario(args.dir, small, backend) for _ in range(args.repeat)])
     print(f"\n(bench took {time.perf_counter() - started:.0f} s)")
 
 

@@ -301,7 +301,10 @@ def backlog_rate(work, backend, n, window):
 
 
 def backlog(work, backends, small, large, window):
+    """Prints case 4; returns {backend: (ratio, enqueue s, enqueue MiB) of
+    the large backlog}."""
     print(f"{'database':>9} {'pending':>8} {'enqueue s':>10} {'enqueue MiB':>12} {'done':>6} {'keys/s':>8}")
+    results = {}
     for backend in backends:
         rates = {}
         for n in (small, large):
@@ -310,6 +313,24 @@ def backlog(work, backends, small, large, window):
             print(f"{backend:>9} {n:>8,} {took:>10.2f} {mib:>12.0f} {done:>6} {rate:>8.1f}")
         ratio = rates[large] / rates[small] if rates[small] else 0.0
         print(f"{backend:>9}: rate at {large:,} pending / rate at {small:,} pending = {ratio:.2f}x (target >= 0.8)")
+        results[backend] = (ratio, took, mib)
+    return results
+
+
+def backlog_ratios(quick=False, backends=("sqlite", "postgres"), sizes=None, window=None):
+    """Case 4, also for a caller such as bench/scale.py: 1,000 against
+    250,000 pending keys, 20 s each (quick: 1,000 against 50,000, 10 s).
+    Returns (the large backlog, {backend: (ratio, enqueue s, enqueue MiB)})."""
+    small, large = sizes or ((1_000, 50_000) if quick else (1_000, 250_000))
+    window = window or (10.0 if quick else 20.0)
+    work = tempfile.mkdtemp(prefix="tidemark-queue-bench-")
+    try:
+        os.makedirs(os.path.join(work, "pipelines"))
+        with open(os.path.join(work, "pipelines", "small.toml"), "w") as f:
+            f.write(BACKLOG_PIPELINE)
+        return large, backlog(work, list(backends), small, large, window)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def percentile(values, p):
@@ -333,16 +354,9 @@ def main():
     if args.backlog:
         if not os.path.exists(BIN):
             sys.exit(f"{BIN} missing: run `cargo build --release` first")
-        small, large = (int(x) for x in args.backlog_sizes.split(","))
+        sizes = tuple(int(x) for x in args.backlog_sizes.split(","))
         backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
-        work = tempfile.mkdtemp(prefix="tidemark-queue-bench-")
-        try:
-            os.makedirs(os.path.join(work, "pipelines"))
-            with open(os.path.join(work, "pipelines", "small.toml"), "w") as f:
-                f.write(BACKLOG_PIPELINE)
-            backlog(work, backends, small, large, args.backlog_window)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        backlog_ratios(backends=backends, sizes=sizes, window=args.backlog_window)
         return
     if args.quick:
         args.sizes, args.repeat, args.latency_keys, args.enqueue = "300", 1, 10, 10_000

@@ -6,6 +6,7 @@
 
 mod files;
 mod http;
+mod memory;
 mod secrets;
 
 use std::io::Read;

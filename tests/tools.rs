@@ -601,7 +601,7 @@ fn valid_variants_pass_the_schema_and_validate() {
         p(&format!("{} = {{ type = \"text\" }}", "n".repeat(63)), "p"),
         p("", &"t".repeat(51)),
         shop(
-            "rate_limit = { per_second = 1000000, burst = 0 }\npagination = { style = \"offset\", size = 1000000 }\nmax_page_bytes = \"10MB\"\nexpect_count = { pointer = \"/meta/total\" }",
+            "rate_limit = { per_second = 1000000, burst = 0 }\npagination = { style = \"offset\", size = 1000000 }\nmax_page_bytes = \"4MB\"\nexpect_count = { pointer = \"/meta/total\" }",
             "lookback = 1000\ntimezone = \"US/Eastern\"",
             "batch_size = 1000000\nmax_delete_fraction = 1.0",
             "[retry]\nmax_attempts = 100\n[schedule]\ncron = \"*/15 * * * *\"",

@@ -282,14 +282,30 @@ impl Job {
         let lease = run.lease.clone();
         let resumed = run.resume.is_some();
         tracing::info!(resumed, "run started");
-        let heartbeat = spawn_heartbeat(self.store.clone(), lease.clone(), ctx.lease_ttl);
         let started = std::time::Instant::now();
         let mut tally = Tally {
             counts: run.counts,
             batches: run.batches,
         };
-        let result = self.execute(run, &mut tally, &ctx.shutdown).await;
-        heartbeat.abort();
+        let result = {
+            let execute = self.execute(run, &mut tally, &ctx.shutdown);
+            tokio::pin!(execute);
+            // The lease is first renewed a third of its length after the
+            // claim: the renewing task starts only then, so a period done
+            // before it (most small ones) never spawns one (each spawn
+            // wakes a thread).
+            let first_renewal = tokio::time::sleep(ctx.lease_ttl / 3);
+            tokio::select! {
+                biased;
+                result = &mut execute => result,
+                () = first_renewal => {
+                    let heartbeat = spawn_heartbeat(self.store.clone(), lease.clone(), ctx.lease_ttl);
+                    let result = execute.await;
+                    heartbeat.abort();
+                    result
+                }
+            }
+        };
         let summary = Summary {
             tally,
             duration: started.elapsed(),
@@ -723,11 +739,12 @@ where
 }
 
 /// Renews the lease every third of its length until aborted.
+/// Renews `lease` now and then every third of its length, until aborted or
+/// the lease is lost.
 fn spawn_heartbeat(store: Store, lease: Lease, ttl: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(
         async move {
             loop {
-                tokio::time::sleep(ttl / 3).await;
                 match store.heartbeat(&lease, ttl).await {
                     Ok(true) => {}
                     Ok(false) => {
@@ -736,6 +753,7 @@ fn spawn_heartbeat(store: Store, lease: Lease, ttl: Duration) -> tokio::task::Jo
                     }
                     Err(e) => tracing::warn!(error = %e, "heartbeat failed; will try again"),
                 }
+                tokio::time::sleep(ttl / 3).await;
             }
         }
         .in_current_span(),

@@ -3,8 +3,10 @@
 //! The reader holds one page at a time: it fetches a page, hands out its
 //! records in batches of at most `load.batch_size` (a batch may span pages
 //! or end inside one), and fetches the next page only when the batch needs
-//! more records. Memory is one page body plus one batch, however long the
-//! period.
+//! more records. Memory is one batch plus, for a JSON page, its body (at
+//! most a sixteenth of `load.memory_budget`) or, for an NDJSON or CSV page,
+//! a few chunks and one line of it: those pages are decoded as they arrive
+//! (ADR 0020), however large the page and however long the period.
 //!
 //! Each batch ends at a checkpoint naming the page in progress by its
 //! request (page number, offset, cursor or next URL), the records of it
@@ -25,12 +27,14 @@
 //! [`request`]); the runner sees only permanent errors, and every error
 //! leaving the reader has its secrets redacted.
 
+mod json_page;
 pub(crate) mod limiter;
 mod page;
 mod paging;
 mod request;
 mod retry_after;
 mod secrets;
+mod stream;
 #[cfg(test)]
 mod tests;
 
@@ -49,7 +53,7 @@ use crate::file::csv_file::CsvRules;
 use crate::{Batch, Checkpoint};
 use page::{Decoder, PageInput, Records};
 use paging::{Continuation, PageRequest};
-use request::Fetcher;
+use request::{Body, Fetcher};
 
 /// The checkpoint format's version; bump it when its meaning changes.
 /// Version 2 added the hash of the records handed out of the page in
@@ -299,6 +303,9 @@ impl State {
             .await?;
             records = filled;
             if exhausted? {
+                if let Some(hash) = page.records.streamed_digest() {
+                    self.note_body(hash, page.at.number, &page.resource)?;
+                }
                 self.next = self.after(&page)?;
             } else {
                 self.page = Some(page);
@@ -348,7 +355,11 @@ impl State {
         let (decoded, body_hash) = fetcher
             .with_retries(&shown, at.number, || async move {
                 let fetched = fetcher.get(url_ref, shown_ref, at_ref.number).await?;
-                let body_hash = xxh3_64(&fetched.body);
+                // A streamed body is hashed as it passes, known at its end.
+                let body_hash = match &fetched.body {
+                    Body::Whole(bytes) => Some(xxh3_64(bytes)),
+                    Body::Streamed(_) => None,
+                };
                 let input = PageInput {
                     resource: Arc::clone(shown_ref),
                     number: at_ref.number,
@@ -374,13 +385,8 @@ impl State {
             })
             .await?;
         debug!(page = at.number, url = %shown, "fetched page");
-        if let Some(earlier) = self.bodies.insert(body_hash, at.number) {
-            return Err(Error::source_permanent(format!(
-                "{shown} page {}: the response is identical to page {earlier}'s; the server seems to \
-                 ignore the pagination ({}), so the period stops here instead of looping",
-                at.number,
-                paging::style_name(self.fetcher.pagination()),
-            )));
+        if let Some(hash) = body_hash {
+            self.note_body(hash, at.number, &shown)?;
         }
         self.requested.insert(at.request.clone(), at.number);
         if let Some(total) = decoded.total {
@@ -397,6 +403,21 @@ impl State {
             hasher: Xxh3::new(),
             hashed: 0,
         }))
+    }
+
+    /// Notes the hash of page `page`'s body, refusing a body already seen
+    /// in this period. A whole body is checked before its records are
+    /// handed out; a streamed one once it was read to its end (its records
+    /// are already in batches then, but the period fails all the same).
+    fn note_body(&mut self, hash: u64, page: u64, shown: &str) -> Result<(), Error> {
+        let Some(earlier) = self.bodies.insert(hash, page) else {
+            return Ok(());
+        };
+        Err(Error::source_permanent(format!(
+            "{shown} page {page}: the response is identical to page {earlier}'s; the server seems to \
+             ignore the pagination ({}), so the period stops here instead of looping",
+            paging::style_name(self.fetcher.pagination()),
+        )))
     }
 
     /// Notes the total page `page` declares. A total that changed during

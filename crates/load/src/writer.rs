@@ -81,8 +81,10 @@ impl WriteCounts {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct BatchOutcome {
     pub written: WriteCounts,
-    /// The optimistic direct `COPY` into the table hit an existing key;
-    /// later batches of this run go through the staging table.
+    /// The optimistic direct `COPY` into the table hit an existing key:
+    /// the transaction is aborted and must be run again without it
+    /// ([`BatchWrite::merged`]), and later batches of this run go through
+    /// the staging table.
     pub direct_copy_conflict: bool,
 }
 
@@ -126,6 +128,17 @@ pub(crate) struct BatchWrite<'a> {
 }
 
 impl BatchWrite<'_> {
+    /// The same batch, written through the staging table (after a direct
+    /// `COPY` met an existing key).
+    pub(crate) fn merged(&self) -> Self {
+        BatchWrite {
+            rows: self.rows.clone(),
+            skipped: self.skipped.clone(),
+            try_direct_copy: false,
+            ..*self
+        }
+    }
+
     /// The keys a resumed attempt must be told were seen, encoded for
     /// `_tm_batches`; `None` when there are none. A row this batch wrote
     /// carries this run's id, so the table itself says it was seen; rows

@@ -50,7 +50,7 @@ pub use schedule::{Schedule, ScheduleSpec, SCHEDULE_HORIZON_YEARS};
 pub use schema::json_schema;
 pub use source::{
     CustomSourceSpec, ExpectCount, FileSourceSpec, Format, HttpSourceSpec, MissingPolicy,
-    Pagination, RateLimit, SourceSpec,
+    PageLimits, Pagination, RateLimit, SourceSpec, DEFAULT_STREAMED_PAGE_BYTES, HELD_WHOLE_DIVISOR,
 };
 
 /// A whole pipeline file.

@@ -132,11 +132,14 @@ pub struct HttpSourceSpec {
     #[serde(default)]
     pub delimiter: Option<char>,
     /// The largest page body accepted, counted as decoded (after gzip):
-    /// a number of bytes or a size such as `"256MiB"` or `"10MB"`. A
-    /// larger page fails the period instead of exhausting memory.
-    #[serde(default = "default_max_page_bytes")]
-    #[schemars(schema_with = "schema::byte_size", extend("default" = "256MiB"))]
-    pub max_page_bytes: ByteSize,
+    /// a number of bytes or a size such as `"256MiB"` or `"10MB"`. NDJSON
+    /// and CSV pages are read as a stream, so for them this caps the
+    /// page's total size (default `256MiB`). A JSON page is held whole, so
+    /// it counts against `load.memory_budget`: at most a sixteenth of it,
+    /// which is also the default (`4MiB` at the default budget).
+    #[serde(default)]
+    #[schemars(schema_with = "schema::byte_size")]
+    pub max_page_bytes: Option<ByteSize>,
     /// The most pages one period may have: a last guard against a server
     /// that pages forever in a way the repeat checks cannot see.
     #[serde(default = "default_max_pages")]
@@ -174,10 +177,53 @@ impl ExpectCount {
     }
 }
 
-/// Generous: a page this large is still one allocation a machine survives,
-/// and no sane API sends one; a page larger than this is a runaway body.
-const fn default_max_page_bytes() -> ByteSize {
-    ByteSize::mib(256)
+/// `max_page_bytes` of a streamed (NDJSON or CSV) page when unset:
+/// generous, since such a page is never held whole; a page larger than
+/// this is a runaway body.
+pub const DEFAULT_STREAMED_PAGE_BYTES: u64 = 256 << 20;
+
+/// The most text held whole at once (a JSON page, one NDJSON line, one
+/// CSV line) is `load.memory_budget` divided by this: with a JSON page's
+/// records kept as text, about an eighth of the budget, leaving the rest
+/// to the batches and the comparison state (ADR 0020).
+pub const HELD_WHOLE_DIVISOR: u64 = 16;
+
+/// What one page of an HTTP source may hold, derived from the source's
+/// `max_page_bytes` and the pipeline's `load.memory_budget` (ADR 0020).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageLimits {
+    /// The most bytes (decoded) one page may have in all.
+    pub page: u64,
+    /// The most bytes held whole at once: the page itself for JSON, one
+    /// line for NDJSON and CSV.
+    pub held_whole: u64,
+    /// Whether the page is read as a stream of records (NDJSON, CSV)
+    /// rather than held whole (JSON).
+    pub streamed: bool,
+    /// Whether `page` is the configured `max_page_bytes` (not a default).
+    pub page_configured: bool,
+}
+
+impl HttpSourceSpec {
+    /// The page limits under a `memory_budget` (bytes). For JSON, a
+    /// configured `max_page_bytes` above the held-whole share is refused
+    /// when the pipeline is loaded, so `page <= held_whole` always holds.
+    pub fn page_limits(&self, memory_budget: u64) -> PageLimits {
+        let share = (memory_budget / HELD_WHOLE_DIVISOR).max(1);
+        let configured = self.max_page_bytes.map(|b| b.as_u64());
+        let streamed = self.format != Format::Json;
+        let page = match (configured, streamed) {
+            (Some(bytes), _) => bytes,
+            (None, true) => DEFAULT_STREAMED_PAGE_BYTES,
+            (None, false) => share,
+        };
+        PageLimits {
+            page,
+            held_whole: share.min(page),
+            streamed,
+            page_configured: configured.is_some(),
+        }
+    }
 }
 
 /// Generous: 100,000 pages of 100 records is ten million records in one
@@ -310,7 +356,7 @@ impl Checker<'_> {
                             ));
                         }
                     }
-                    self.http_limits(&at, h)?;
+                    self.http_limits(&at, h, spec.load.memory_budget_bytes())?;
                     if let Some(expect) = &h.expect_count {
                         self.expect_count(&at("expect_count"), h.format, expect)?;
                     }
@@ -321,10 +367,32 @@ impl Checker<'_> {
     }
 
     /// `max_page_bytes` and `max_pages`: a zero limit would fail every
-    /// period at its first page.
-    fn http_limits(&self, at: &dyn Fn(&str) -> String, h: &HttpSourceSpec) -> Result<(), Error> {
-        if h.max_page_bytes.as_u64() == 0 {
+    /// period at its first page, and a JSON page (held whole) larger than
+    /// its share of `load.memory_budget` would break the budget.
+    fn http_limits(
+        &self,
+        at: &dyn Fn(&str) -> String,
+        h: &HttpSourceSpec,
+        memory_budget: u64,
+    ) -> Result<(), Error> {
+        let limits = h.page_limits(memory_budget);
+        if limits.page == 0 {
             return Err(self.err(at("max_page_bytes"), "must be at least 1 byte"));
+        }
+        if !limits.streamed && limits.page > memory_budget / HELD_WHOLE_DIVISOR {
+            let show = |b: u64| ByteSize::b(b).to_string_as(true);
+            return Err(self.err(
+                at("max_page_bytes"),
+                format!(
+                    "{} is more than a JSON page may be: a JSON page is held whole, so it may take \
+                     at most load.memory_budget / {HELD_WHOLE_DIVISOR} = {}; lower it, or raise \
+                     load.memory_budget to at least {} (NDJSON and CSV pages are streamed and \
+                     have no such bound)",
+                    show(limits.page),
+                    show(memory_budget / HELD_WHOLE_DIVISOR),
+                    show(limits.page.saturating_mul(HELD_WHOLE_DIVISOR)),
+                ),
+            ));
         }
         if h.max_pages == 0 {
             return Err(self.err(at("max_pages"), "must be at least 1"));
@@ -407,29 +475,88 @@ mod tests {
 
     #[test]
     fn http_page_limits_take_bytes_or_sizes_and_refuse_zero() {
+        let http = |format: &str, extra: &str| {
+            GOOD.replace(
+                "transport = \"file\"\nformat = \"csv\"\npath = \"exports/{period.start:%Y/%m/%d}/orders*.csv\"",
+                &format!("transport = \"http\"\nformat = \"{format}\"\nurl = \"http://127.0.0.1:9/o\"\n{extra}"),
+            )
+        };
+        let limits = |text: &str| {
+            let p = parse(text).unwrap();
+            match &p.spec.sources[0] {
+                SourceSpec::Http(h) => (
+                    h.page_limits(p.spec.load.memory_budget_bytes()),
+                    h.max_pages,
+                ),
+                _ => panic!("expected an HTTP source"),
+            }
+        };
+        let (json, pages) = limits(&http("json", ""));
+        assert_eq!(
+            (json.page, json.held_whole, pages),
+            (4 << 20, 4 << 20, 100_000),
+            "defaults"
+        );
+        assert!(!json.streamed && !json.page_configured);
+        let (ndjson, _) = limits(&http("ndjson", ""));
+        assert_eq!((ndjson.page, ndjson.held_whole), (256 << 20, 4 << 20));
+        assert!(ndjson.streamed);
+        assert_eq!(
+            limits(&http("csv", "max_page_bytes = \"10MB\"")).0.page,
+            10_000_000
+        );
+        assert_eq!(
+            limits(&http("ndjson", "max_page_bytes = \"1GiB\"")).0.page,
+            1 << 30
+        );
+        assert_eq!(
+            limits(&http("ndjson", "max_page_bytes = 4096"))
+                .0
+                .held_whole,
+            4096
+        );
+        assert_eq!(
+            limits(&http("json", "max_page_bytes = 4096\nmax_pages = 7")),
+            (
+                PageLimits {
+                    page: 4096,
+                    held_whole: 4096,
+                    streamed: false,
+                    page_configured: true
+                },
+                7
+            )
+        );
+        let (key, _) = config_err(&http("json", "max_page_bytes = 0"));
+        assert_eq!(key, "sources[0].max_page_bytes");
+        let (key, _) = config_err(&http("json", "max_pages = 0"));
+        assert_eq!(key, "sources[0].max_pages");
+        let (_, message) = config_err(&http("json", "max_page_bytes = \"lots\""));
+        assert!(message.contains("lots"), "{message}");
+    }
+
+    /// Issue 24 item 3: a JSON page is held whole, so a configured limit
+    /// above its share of the budget is refused, naming the way out.
+    #[test]
+    fn a_json_page_larger_than_its_share_of_the_budget_is_refused() {
         let http = |extra: &str| {
             GOOD.replace(
                 "transport = \"file\"\nformat = \"csv\"\npath = \"exports/{period.start:%Y/%m/%d}/orders*.csv\"",
                 &format!("transport = \"http\"\nformat = \"json\"\nurl = \"http://127.0.0.1:9/o\"\n{extra}"),
             )
         };
-        let limits = |text: &str| match &parse(text).unwrap().spec.sources[0] {
-            SourceSpec::Http(h) => (h.max_page_bytes.as_u64(), h.max_pages),
-            _ => panic!("expected an HTTP source"),
-        };
-        assert_eq!(limits(&http("")), (256 << 20, 100_000), "defaults");
-        assert_eq!(limits(&http("max_page_bytes = \"10MB\"")).0, 10_000_000);
-        assert_eq!(limits(&http("max_page_bytes = \"256MiB\"")).0, 256 << 20);
-        assert_eq!(
-            limits(&http("max_page_bytes = 4096\nmax_pages = 7")),
-            (4096, 7)
-        );
-        let (key, _) = config_err(&http("max_page_bytes = 0"));
+        let (key, message) = config_err(&http("max_page_bytes = \"256MiB\""));
         assert_eq!(key, "sources[0].max_page_bytes");
-        let (key, _) = config_err(&http("max_pages = 0"));
-        assert_eq!(key, "sources[0].max_pages");
-        let (_, message) = config_err(&http("max_page_bytes = \"lots\""));
-        assert!(message.contains("lots"), "{message}");
+        assert!(
+            message.contains("load.memory_budget / 16 = 4.0 MiB")
+                && message.contains("at least 4.0 GiB"),
+            "{message}"
+        );
+        let raised = http("max_page_bytes = \"256MiB\"").replace(
+            "on_missing = \"delete\"",
+            "on_missing = \"delete\"\nmemory_budget = \"4GiB\"",
+        );
+        assert!(parse(&raised).is_ok());
     }
 
     #[test]

@@ -16,13 +16,29 @@ use super::{io_error, json_kind, parse_error, strip_bom};
 
 /// A parsed JSON file's (or HTTP page's) records.
 pub(crate) struct JsonCursor {
-    records: std::vec::IntoIter<Value>,
+    records: Elements,
     resource: Arc<str>,
     /// Records handed out so far.
     record: u64,
 }
 
+/// The records array: parsed, or (an HTTP page's) as JSON texts parsed
+/// one at a time when handed out.
+enum Elements {
+    Values(std::vec::IntoIter<Value>),
+    Texts(std::vec::IntoIter<String>),
+}
+
 impl JsonCursor {
+    /// A cursor over records kept as JSON texts (each a valid JSON value).
+    pub(crate) fn from_texts(texts: Vec<String>, resource: Arc<str>) -> JsonCursor {
+        JsonCursor {
+            records: Elements::Texts(texts.into_iter()),
+            resource,
+            record: 0,
+        }
+    }
+
     /// Reads and parses the file and takes the array at `pointer` (`""`:
     /// the whole document). Anything but an array there is a parse error:
     /// treating a missing or mistyped array as "no records" could make a
@@ -51,7 +67,7 @@ impl JsonCursor {
         };
         match doc.pointer_mut(pointer).map(Value::take) {
             Some(Value::Array(records)) => Ok(JsonCursor {
-                records: records.into_iter(),
+                records: Elements::Values(records.into_iter()),
                 resource,
                 record: 0,
             }),
@@ -77,7 +93,16 @@ impl JsonCursor {
     /// that is not an object is a bad row (a reject under `max_rejects`),
     /// kept as its JSON text.
     pub(crate) fn next_record(&mut self) -> Result<Option<RawRecord>, Error> {
-        let Some(value) = self.records.next() else {
+        let value = match &mut self.records {
+            Elements::Values(values) => values.next(),
+            Elements::Texts(texts) => match texts.next() {
+                Some(text) => Some(serde_json::from_str(&text).map_err(|e| {
+                    parse_error(&self.resource, Some(self.record + 1), None, e.to_string())
+                })?),
+                None => None,
+            },
+        };
+        let Some(value) = value else {
             return Ok(None);
         };
         self.record += 1;

@@ -2,15 +2,20 @@
 //! (the same `RawData`, the same rules for CSV headers, NDJSON lines and
 //! JSON record pointers, the same bad rows).
 //!
-//! The body reaching this module arrived whole: the transport already
+//! A JSON body reaching this module arrived whole: the transport already
 //! failed (transiently) any body shorter than declared, a broken chunked
-//! stream and a reset. So a body that cannot be decoded, a JSON document or
-//! an NDJSON last line that stops mid-value included, is a permanent parse
-//! error naming the page and the position. When the server answered with a
-//! web page (`Content-Type: text/html`, as proxies and login walls do), the
-//! message says so and quotes the start of the body.
+//! stream and a reset. So a body that cannot be decoded, a JSON document
+//! that stops mid-value included, is a permanent parse error naming the
+//! page and the position. An NDJSON or CSV body is decoded while it
+//! arrives ([`BodyStream`]): its records are handed out before its end is
+//! seen, and a transport failure met later surfaces from the record being
+//! read, still transient, while an NDJSON last line that stops mid-value
+//! in a complete body is the same parse error as before. When the server
+//! answered with a web page (`Content-Type: text/html`, as proxies and
+//! login walls do), the message says so and quotes the start of the body
+//! (of a stream, its first bytes).
 
-use std::io;
+use std::io::{self, Read};
 use std::sync::Arc;
 
 use serde_json::error::Category;
@@ -19,7 +24,10 @@ use tidemark_core::spec::{ExpectCount, Pagination};
 use tidemark_core::{Error, Location, RawRecord};
 use xxhash_rust::xxh3::Xxh3;
 
+use super::json_page;
 use super::paging::{self, Continuation, PageRequest};
+use super::request::Body;
+use super::stream::{BodyStream, EndHandle};
 use crate::file::csv_file::{CsvCursor, CsvRules};
 use crate::file::json_file::JsonCursor;
 use crate::file::ndjson_file::NdjsonCursor;
@@ -36,11 +44,21 @@ pub(crate) enum Decoder {
     Csv(Arc<CsvRules>),
 }
 
+/// The bytes an NDJSON or CSV page is decoded from: the body in memory,
+/// or the stream of it.
+type Input = Box<dyn Read + Send>;
+
 /// The records of one page, decoded lazily where the format allows.
-pub(crate) enum Records {
+pub(crate) struct Records {
+    rows: Rows,
+    /// How the streamed body ended, when the page is streamed.
+    stream: Option<EndHandle>,
+}
+
+enum Rows {
     Json(JsonCursor),
-    Ndjson(Box<NdjsonCursor<io::Cursor<Vec<u8>>>>),
-    Csv(Box<CsvCursor<io::Cursor<Vec<u8>>>>),
+    Ndjson(Box<NdjsonCursor<Input>>),
+    Csv(Box<CsvCursor<Input>>),
     /// `204 No Content`.
     Empty,
 }
@@ -73,49 +91,64 @@ pub(crate) struct PageInput {
 }
 
 impl Decoder {
-    /// Decodes `body`. CSV and NDJSON rows are parsed as they are taken;
-    /// a JSON document is parsed whole.
-    pub(crate) fn decode(&self, body: Vec<u8>, input: &PageInput) -> Result<Decoded, Error> {
+    /// Decodes `body`. CSV and NDJSON rows are parsed as they are taken
+    /// (and, from a stream, as they arrive); a JSON document is parsed
+    /// whole. Reads from a stream, so it runs on a blocking thread.
+    pub(crate) fn decode(&self, body: Body, input: &PageInput) -> Result<Decoded, Error> {
         if input.no_content {
             return Ok(Decoded {
-                records: Records::Empty,
+                records: Records {
+                    rows: Rows::Empty,
+                    stream: None,
+                },
                 continuation: continuation(input, None)?,
                 total: None,
             });
         }
+        let (body, stream) = match body {
+            Body::Whole(bytes) => (Whole::Bytes(bytes), None),
+            Body::Streamed(stream) => {
+                let end = stream.end();
+                (Whole::Stream(stream), Some(end))
+            }
+        };
         let resource = Arc::clone(&input.resource);
-        let records = match self {
+        let rows = match self {
             Decoder::Json { pointer } => {
-                let doc = parse_json(&body, input)?;
+                let body = body.into_bytes()?;
+                let (doc, texts) = parse_page(&body, pointer, input)?;
                 drop(body);
                 let continuation = continuation(input, Some(&doc))?;
                 let total = declared_total(input, Some(&doc))?;
-                let cursor = JsonCursor::from_document(doc, resource, pointer)
-                    .map_err(|e| at_page(e, input.number))?;
+                let cursor = match texts {
+                    Some(texts) => Ok(JsonCursor::from_texts(texts, resource)),
+                    None => JsonCursor::from_document(doc, resource, pointer),
+                };
+                let cursor = cursor.map_err(|e| at_page(e, input.number))?;
                 return Ok(Decoded {
-                    records: Records::Json(cursor),
+                    records: Records {
+                        rows: Rows::Json(cursor),
+                        stream,
+                    },
                     continuation,
                     total,
                 });
             }
             Decoder::Ndjson => {
-                refuse_html(&body, input, "ndjson")?;
-                check_last_line(&body, input)?;
-                let cursor = io::Cursor::new(body);
-                Records::Ndjson(Box::new(NdjsonCursor::new(cursor, resource, Xxh3::new())))
+                let reader = body.checked(input, "ndjson")?;
+                Rows::Ndjson(Box::new(NdjsonCursor::new(reader, resource, Xxh3::new())))
             }
             Decoder::Csv(rules) => {
-                refuse_html(&body, input, "csv")?;
-                let cursor = io::Cursor::new(body);
+                let reader = body.checked(input, "csv")?;
                 let rules = Arc::clone(rules);
-                Records::Csv(Box::new(
-                    CsvCursor::open(cursor, resource, rules, Xxh3::new())
-                        .map_err(|e| at_page(e, input.number))?,
-                ))
+                let cursor = CsvCursor::open(reader, resource, rules, Xxh3::new());
+                let cursor =
+                    cursor.map_err(|e| streamed_error(e, stream.as_ref(), input.number))?;
+                Rows::Csv(Box::new(cursor))
             }
         };
         Ok(Decoded {
-            records,
+            records: Records { rows, stream },
             continuation: continuation(input, None)?,
             total: declared_total(input, None)?,
         })
@@ -171,16 +204,67 @@ pub(crate) fn count_of(value: &Value) -> Option<u64> {
     }
 }
 
+/// A page's body before decoding.
+enum Whole {
+    Bytes(Vec<u8>),
+    Stream(BodyStream),
+}
+
+impl Whole {
+    /// The whole body, read to its end if it is a stream (a JSON page is
+    /// read whole; its stream, if any, keeps the same limits).
+    fn into_bytes(self) -> Result<Vec<u8>, Error> {
+        match self {
+            Whole::Bytes(bytes) => Ok(bytes),
+            Whole::Stream(mut stream) => stream.head(usize::MAX),
+        }
+    }
+
+    /// The body as an NDJSON or CSV input, once its start shows it is not
+    /// a web page (and, when whole, that its last line is not cut).
+    fn checked(self, input: &PageInput, format: &str) -> Result<Input, Error> {
+        match self {
+            Whole::Bytes(bytes) => {
+                refuse_html(&bytes, input, format)?;
+                if format == "ndjson" {
+                    check_last_line(&bytes, input)?;
+                }
+                Ok(Box::new(io::Cursor::new(bytes)))
+            }
+            Whole::Stream(mut stream) => {
+                let head = stream.head(QUOTED_BYTES)?;
+                refuse_html(&head, input, format)?;
+                Ok(Box::new(io::Cursor::new(head).chain(stream)))
+            }
+        }
+    }
+}
+
+/// An error met while reading a streamed body: the body's own (typed)
+/// error when the stream ended with one, else `err` at the page.
+fn streamed_error(err: Error, stream: Option<&EndHandle>, page: u64) -> Error {
+    match stream.and_then(EndHandle::failure) {
+        Some(failure) => failure,
+        None => at_page(err, page),
+    }
+}
+
 impl Records {
+    /// The hash of the whole body, for a streamed page read to its end
+    /// (a whole body is hashed when it is fetched).
+    pub(crate) fn streamed_digest(&self) -> Option<u64> {
+        self.stream.as_ref().and_then(EndHandle::digest)
+    }
+
     /// The page's next record, its origin naming the page.
     pub(crate) fn next_record(&mut self, page: u64) -> Result<Option<RawRecord>, Error> {
-        let next = match self {
-            Records::Json(c) => c.next_record(),
-            Records::Ndjson(c) => c.next_record(),
-            Records::Csv(c) => c.next_record(),
-            Records::Empty => Ok(None),
+        let next = match &mut self.rows {
+            Rows::Json(c) => c.next_record(),
+            Rows::Ndjson(c) => c.next_record(),
+            Rows::Csv(c) => c.next_record(),
+            Rows::Empty => Ok(None),
         };
-        let mut record = next.map_err(|e| at_page(e, page))?;
+        let mut record = next.map_err(|e| streamed_error(e, self.stream.as_ref(), page))?;
         if let Some(record) = &mut record {
             record.origin.page = Some(page);
             if let tidemark_core::RawData::Malformed { error, .. } = &mut record.data {
@@ -191,10 +275,43 @@ impl Records {
     }
 }
 
+/// Parses a JSON page: the document, and the records at `pointer` as
+/// texts ([`json_page`]) unless the cursor or the declared total is read
+/// from inside them (then the document holds them, parsed).
+fn parse_page(
+    body: &[u8],
+    pointer: &str,
+    input: &PageInput,
+) -> Result<(Value, Option<Vec<String>>), Error> {
+    let cursor = match &input.pagination {
+        Pagination::Cursor { cursor, .. } => Some(cursor.as_str()),
+        _ => None,
+    };
+    let total = input
+        .expect_count
+        .as_ref()
+        .and_then(|e| e.pointer.as_deref());
+    if [cursor, total]
+        .into_iter()
+        .flatten()
+        .any(|p| json_page::reads_records(pointer, p))
+    {
+        return parse_json(body, input).map(|doc| (doc, None));
+    }
+    let split =
+        json_page::split(strip_bom(body), pointer).map_err(|e| json_error(&e, body, input))?;
+    Ok((split.doc, split.records))
+}
+
 /// Parses a JSON page. The body is complete (see the module
 /// documentation), so every failure is a parse error.
 fn parse_json(body: &[u8], input: &PageInput) -> Result<Value, Error> {
-    serde_json::from_slice(strip_bom(body)).map_err(|e| Error::Parse {
+    serde_json::from_slice(strip_bom(body)).map_err(|e| json_error(&e, body, input))
+}
+
+/// A JSON page that does not parse: a parse error at its line.
+fn json_error(e: &serde_json::Error, body: &[u8], input: &PageInput) -> Error {
+    Error::Parse {
         location: Location {
             resource: input.resource.to_string(),
             page: Some(input.number),
@@ -202,7 +319,7 @@ fn parse_json(body: &[u8], input: &PageInput) -> Result<Value, Error> {
             line: Some(u64::try_from(e.line()).unwrap_or(u64::MAX)),
         },
         message: format!("invalid JSON{}: {e}", not_json_hint(body, input)),
-    })
+    }
 }
 
 /// ` (the response's Content-Type is text/html; it starts with "…")` when

@@ -12,8 +12,11 @@
 //! leaves this module has also gone through [`Secrets::redact`], including
 //! the client library's own error texts and whatever the server sent back.
 //!
-//! A body is read to its end, or to `max_page_bytes` (counted after gzip
-//! decoding), whichever comes first; a larger page is a permanent error.
+//! A JSON body is read to its end, or to `max_page_bytes` (counted after
+//! gzip decoding), whichever comes first; a larger page is a permanent
+//! error. An NDJSON or CSV body is not read here: it is handed on as a
+//! [`BodyStream`] that the page decoder reads as it arrives, under the
+//! same limit for the page's total and a bound on one line (ADR 0020).
 //! Whether the body arrived whole is the transport's call: a body shorter
 //! than its `Content-Length`, a chunked stream that stops before its last
 //! chunk, a reset connection or a timeout fails here as transient. Every
@@ -34,13 +37,14 @@ use reqwest::header::{
     HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, LINK, RETRY_AFTER,
 };
 use reqwest::{Client, Response, StatusCode, Url};
-use tidemark_core::spec::{Format, HttpSourceSpec, Pagination};
+use tidemark_core::spec::{Format, HttpSourceSpec, PageLimits, Pagination, HELD_WHOLE_DIVISOR};
 use tidemark_core::template::{Template, TemplateContext};
 use tidemark_core::{Error, Period, Pipeline, RateGate, RetryPolicy};
 use tracing::{debug, warn};
 
 use super::paging::{self, PageRequest};
 use super::secrets::Secrets;
+use super::stream::{BodyStream, Overrun, StreamLimits};
 
 /// Per-request timeout when the source sets none.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -70,17 +74,26 @@ pub(crate) struct Fetcher {
     /// The source's rate limit, when it has one.
     gate: Option<Arc<dyn RateGate>>,
     retry: RetryPolicy,
-    /// `max_page_bytes`, and its key for messages.
-    max_page_bytes: u64,
-    limit_key: String,
+    /// What one page may hold (`max_page_bytes`, `load.memory_budget`).
+    limits: PageLimits,
+    /// The source's id, and `pipeline P, period Y, source S` for messages.
+    source: String,
+    context: String,
 }
 
-/// A successful (2xx) response, read to its end.
+/// A page's body: read whole (JSON, and any `204`), or as it arrives
+/// (NDJSON and CSV).
+pub(crate) enum Body {
+    Whole(Vec<u8>),
+    Streamed(BodyStream),
+}
+
+/// A successful (2xx) response.
 pub(crate) struct Fetched {
     /// The status (204 means "no records").
     pub(crate) status: StatusCode,
-    /// The whole (decompressed) body.
-    pub(crate) body: Vec<u8>,
+    /// The (decompressed) body.
+    pub(crate) body: Body,
     /// The `Content-Type`, when the server sent one.
     pub(crate) content_type: Option<String>,
     /// The `rel="next"` link, resolved against the response URL.
@@ -118,8 +131,18 @@ impl Fetcher {
         );
         check_pagination(spec).map_err(|(key, message)| r.config(key, message))?;
         let guard_secrets = headers.iter().any(|(_, t)| t.uses_env());
-        let client = Client::builder()
-            .timeout(r.timeout()?)
+        let limits = spec.page_limits(pipeline.spec.load.memory_budget_bytes());
+        let timeout = r.timeout()?;
+        // A streamed page takes as long as loading its records does, so
+        // its timeout is the silence allowed between two reads, not a
+        // bound on the whole response.
+        let client = match limits.streamed {
+            true => Client::builder()
+                .connect_timeout(timeout)
+                .read_timeout(timeout),
+            false => Client::builder().timeout(timeout),
+        };
+        let client = client
             .redirect(redirect_policy(guard_secrets))
             .user_agent(concat!("tidemark/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -140,8 +163,12 @@ impl Fetcher {
             secrets,
             gate,
             retry: pipeline.retry,
-            max_page_bytes: spec.max_page_bytes.as_u64(),
-            limit_key: format!("sources.{}.max_page_bytes", spec.id),
+            limits,
+            source: spec.id.clone(),
+            context: format!(
+                "pipeline {}, period {period}, source {}",
+                pipeline.spec.name, spec.id
+            ),
         })
     }
 
@@ -247,9 +274,25 @@ impl Fetcher {
                 ),
             ));
         }
-        let body = read_body(response, self.max_page_bytes)
-            .await
-            .map_err(|e| self.body_error(shown, page, e))?;
+        if response
+            .content_length()
+            .is_some_and(|n| n > self.limits.page)
+        {
+            return Err(self.body_errors(shown, page).too_large(true));
+        }
+        let body = if self.limits.streamed && status != StatusCode::NO_CONTENT {
+            let errors = self.body_errors(shown, page);
+            let limits = StreamLimits {
+                page: self.limits.page,
+                line: self.limits.held_whole,
+            };
+            Body::Streamed(BodyStream::start(response, limits, move |overrun| {
+                errors.overrun(overrun)
+            }))
+        } else {
+            let read = read_body(response, self.limits.page).await;
+            Body::Whole(read.map_err(|e| self.body_errors(shown, page).body_error(e))?)
+        };
         Ok(Fetched {
             status,
             body,
@@ -280,51 +323,22 @@ impl Fetcher {
         }
     }
 
-    fn body_error(&self, shown: &str, page: u64, err: BodyError) -> Error {
-        match err {
-            BodyError::Transport(e) => match BodyFailure::of(&e) {
-                BodyFailure::Cut => {
-                    self.transport_error(shown, "reading the response body failed", e)
-                }
-                BodyFailure::Undecodable => self.undecodable(
-                    shown,
-                    page,
-                    &format!(
-                        "the body arrived but cannot be decoded: {}",
-                        chain(&e.without_url())
-                    ),
-                ),
-            },
-            BodyError::TooLarge { announced } => {
-                let limit = self.max_page_bytes;
-                let seen = if announced {
-                    "its Content-Length announces"
-                } else {
-                    "it goes on past"
-                };
-                let message = format!(
-                    "GET {shown}: the page is larger than {} = {limit} bytes ({}): {seen} that; \
-                     raise the limit if pages of this source really are this large",
-                    self.limit_key,
-                    tidemark_core::spec::ByteSize::b(limit).to_string_as(true)
-                );
-                Error::source_permanent(self.secrets.redact(&message).into_owned())
-            }
+    /// What words the failures of page `page`'s body.
+    fn body_errors(&self, shown: &str, page: u64) -> BodyErrors {
+        BodyErrors {
+            shown: shown.to_string(),
+            page,
+            secrets: self.secrets.clone(),
+            limits: self.limits,
+            source: self.source.clone(),
+            context: self.context.clone(),
         }
     }
 
     /// A body that arrived but cannot be decoded: a parse error at the
     /// page, never retried.
     fn undecodable(&self, shown: &str, page: u64, what: &str) -> Error {
-        Error::Parse {
-            location: tidemark_core::Location {
-                resource: shown.to_string(),
-                page: Some(page),
-                record: None,
-                line: None,
-            },
-            message: self.secrets.redact(what).into_owned(),
-        }
+        self.body_errors(shown, page).undecodable(what)
     }
 
     fn next_link(&self, shown: &str, response: &Response) -> Result<Option<Url>, Error> {
@@ -377,19 +391,7 @@ impl Fetcher {
     /// transient, except for a request that could not even be built or a
     /// redirect loop.
     fn transport_error(&self, shown: &str, what: &str, err: reqwest::Error) -> Error {
-        let transient = err.is_timeout()
-            || err.is_connect()
-            || err.is_request()
-            || err.is_body()
-            || err.is_decode();
-        // The URL is in `shown` already, redacted; the client's copy is not.
-        let message = format!("GET {shown}: {what}: {}", chain(&err.without_url()));
-        let message = self.secrets.redact(&message).into_owned();
-        if transient {
-            Error::source_transient(message)
-        } else {
-            Error::source_permanent(message)
-        }
+        transport_error(&self.secrets, shown, what, err)
     }
 
     /// Runs `op` (one request of page `page`, and whatever must succeed with
@@ -431,6 +433,121 @@ impl Fetcher {
             );
             tokio::time::sleep(delay).await;
             attempt += 1;
+        }
+    }
+}
+
+/// A failure below HTTP (see [`Fetcher::transport_error`]).
+fn transport_error(secrets: &Secrets, shown: &str, what: &str, err: reqwest::Error) -> Error {
+    let transient = err.is_timeout()
+        || err.is_connect()
+        || err.is_request()
+        || err.is_body()
+        || err.is_decode();
+    // The URL is in `shown` already, redacted; the client's copy is not.
+    let message = format!("GET {shown}: {what}: {}", chain(&err.without_url()));
+    let message = secrets.redact(&message).into_owned();
+    if transient {
+        Error::source_transient(message)
+    } else {
+        Error::source_permanent(message)
+    }
+}
+
+/// Words the failures of one page's body, on the runtime or (for a
+/// streamed body) in the task reading it, so it owns what it needs.
+struct BodyErrors {
+    shown: String,
+    page: u64,
+    secrets: Secrets,
+    limits: PageLimits,
+    source: String,
+    /// `pipeline P, period Y, source S`.
+    context: String,
+}
+
+impl BodyErrors {
+    fn body_error(&self, err: BodyError) -> Error {
+        match err {
+            BodyError::Transport(e) => self.transport(e),
+            BodyError::TooLarge { announced } => self.too_large(announced),
+        }
+    }
+
+    /// Why a streamed body stopped early.
+    fn overrun(&self, overrun: Overrun) -> Error {
+        match overrun {
+            Overrun::Transport(e) => self.transport(e),
+            Overrun::Page => self.too_large(false),
+            Overrun::Line => self.line_too_long(),
+        }
+    }
+
+    fn transport(&self, e: reqwest::Error) -> Error {
+        match BodyFailure::of(&e) {
+            BodyFailure::Cut => transport_error(
+                &self.secrets,
+                &self.shown,
+                "reading the response body failed",
+                e,
+            ),
+            BodyFailure::Undecodable => self.undecodable(&format!(
+                "the body arrived but cannot be decoded: {}",
+                chain(&e.without_url())
+            )),
+        }
+    }
+
+    /// Over `max_page_bytes`: permanent, naming where the limit comes from.
+    fn too_large(&self, announced: bool) -> Error {
+        let limit = self.limits.page;
+        let seen = if announced {
+            "its Content-Length announces"
+        } else {
+            "it goes on past"
+        };
+        let key = format!("sources.{}.max_page_bytes", self.source);
+        let key = match self.limits.page_configured || self.limits.streamed {
+            true => key,
+            false => format!("{key} (by default load.memory_budget / {HELD_WHOLE_DIVISOR})"),
+        };
+        let message = format!(
+            "GET {}: {}: the page is larger than {key} = {limit} bytes ({}): {seen} that; \
+             raise the limit if pages of this source really are this large",
+            self.shown,
+            self.context,
+            tidemark_core::spec::ByteSize::b(limit).to_string_as(true)
+        );
+        Error::source_permanent(self.secrets.redact(&message).into_owned())
+    }
+
+    /// A line of a streamed page longer than one record may be.
+    fn line_too_long(&self) -> Error {
+        let limit = self.limits.held_whole;
+        let message = format!(
+            "GET {}: {}: page {} has a line longer than {limit} bytes ({}), the most one record \
+             may take (load.memory_budget / {HELD_WHOLE_DIVISOR}, or max_page_bytes when smaller): \
+             a record is held whole while it is parsed; raise load.memory_budget if records of \
+             this source really are this large",
+            self.shown,
+            self.context,
+            self.page,
+            tidemark_core::spec::ByteSize::b(limit).to_string_as(true)
+        );
+        Error::source_permanent(self.secrets.redact(&message).into_owned())
+    }
+
+    /// A body that arrived but cannot be decoded: a parse error at the
+    /// page, never retried.
+    fn undecodable(&self, what: &str) -> Error {
+        Error::Parse {
+            location: tidemark_core::Location {
+                resource: self.shown.clone(),
+                page: Some(self.page),
+                record: None,
+                line: None,
+            },
+            message: self.secrets.redact(what).into_owned(),
         }
     }
 }

@@ -1005,3 +1005,52 @@ async fn an_undecodable_body_is_a_parse_error_and_only_a_cut_body_is_retried() {
         }
     }
 }
+
+/// Issue 24 item 3: an NDJSON page is streamed: its first batch is handed
+/// out before the body passes `max_page_bytes`, and passing it is then a
+/// permanent source error naming the pipeline, period, source and limit.
+#[tokio::test]
+async fn a_streamed_page_hands_out_records_before_it_passes_its_limit() {
+    let body: String = (1..=100).map(|i| format!("{{\"id\":{i}}}\n")).collect();
+    let server = Server::start(move |_, _| ok(body.clone())).await;
+    let source = format!(
+        "url = \"{}/nd\"\nformat = \"ndjson\"\nmax_page_bytes = 200",
+        server.base
+    );
+    let p = pipeline(&source, 10);
+    // The announced length is over the limit: refused before reading.
+    let err = drain(&mut open(&p, None).await.unwrap()).await.unwrap_err();
+    assert!(
+        err.to_string().contains("Content-Length announces"),
+        "{err}"
+    );
+    // Chunked, one record to a chunk: no length announced.
+    let mut raw = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    for i in 1..=100 {
+        let line = format!("{{\"id\":{i}}}\n");
+        raw.extend_from_slice(format!("{:x}\r\n{line}\r\n", line.len()).as_bytes());
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    let chunked = Server::start(move |_, _| Reply::Raw(raw.clone())).await;
+    let source = format!(
+        "url = \"{}/nd\"\nformat = \"ndjson\"\nmax_page_bytes = 200",
+        chunked.base
+    );
+    let p = pipeline(&source, 10);
+    let mut reader = open(&p, None).await.unwrap();
+    let first = reader.next_batch().await.unwrap().unwrap();
+    assert_eq!(
+        first.records.iter().map(id).collect::<Vec<_>>(),
+        (1..=10).collect::<Vec<_>>()
+    );
+    let err = drain(&mut reader).await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Source);
+    assert!(!err.is_transient());
+    let message = err.to_string();
+    for part in [
+        "pipeline orders, period 2024-03-07, source api",
+        "sources.api.max_page_bytes = 200 bytes",
+    ] {
+        assert!(message.contains(part), "{part:?} in {message}");
+    }
+}

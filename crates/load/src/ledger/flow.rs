@@ -87,10 +87,16 @@ async fn try_claim<D: Driver>(
     let mut tx = driver.begin().await?;
     let mut insert = run_key.to_vec();
     insert.push(Arg::Text(&end));
-    tx.execute(&s.insert_run, &insert).await?;
-    let Some(row) = fetch_optional(&mut tx, &s.lock_run, &run_key).await? else {
-        tx.commit().await?;
-        return Ok(None);
+    let created = fetch_optional(&mut tx, &s.create_run, &insert).await?;
+    let row = match created {
+        Some(row) => row,
+        None => match fetch_optional(&mut tx, &s.lock_run, &run_key).await? {
+            Some(row) => row,
+            None => {
+                tx.commit().await?;
+                return Ok(None);
+            }
+        },
     };
     let claim = take::<D>(&mut tx, &row, request).await?;
     tx.commit().await?;
@@ -879,6 +885,15 @@ pub(crate) async fn apply_batch<D: Driver>(
         driver, &mut tx, lease, schema, &stamp, batch, &prepared, true,
     )
     .await?;
+    if outcome.direct_copy_conflict {
+        // The transaction is aborted: dropped, it rolls back.
+        drop(tx);
+        let merged = Box::pin(apply_batch(driver, lease, schema, lineage, &batch.merged())).await?;
+        return Ok(BatchOutcome {
+            direct_copy_conflict: true,
+            ..merged
+        });
+    }
     tx.commit().await?;
     Ok(outcome)
 }
@@ -922,6 +937,20 @@ pub(crate) async fn apply_and_finish<D: Driver>(
         driver, &mut tx, lease, schema, &stamp, batch, &prepared, false,
     )
     .await?;
+    if outcome.direct_copy_conflict {
+        // The transaction is aborted: dropped, it rolls back.
+        drop(tx);
+        let merged = batch.merged();
+        let (merged, result) = Box::pin(apply_and_finish(
+            driver, lease, schema, lineage, &merged, existing, reconcile,
+        ))
+        .await?;
+        let outcome = BatchOutcome {
+            direct_copy_conflict: true,
+            ..merged
+        };
+        return Ok((outcome, result));
+    }
     let mut counts = batch.counts;
     outcome.written.apply(&mut counts);
     // This batch remembers no keys; earlier ones may have (batch rows
@@ -954,6 +983,10 @@ async fn write_batch_in<D: Driver>(
     let outcome = driver
         .write_rows(tx, schema, stamp, batch, prepared)
         .await?;
+    if outcome.direct_copy_conflict {
+        // Nothing more runs in an aborted transaction.
+        return Ok(outcome);
+    }
     for reject in batch.rejects {
         let insert = InsertReject {
             pipeline: &lineage.pipeline,

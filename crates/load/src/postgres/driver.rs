@@ -179,6 +179,11 @@ impl Driver for PgStore {
         run_id: Option<&str>,
         each: impl FnMut(StoredRow) -> Result<(), Error> + Send,
     ) -> Result<(), Error> {
+        // A period never loaded (every first backfill) holds nothing: one
+        // indexed probe instead of the `COPY`'s four round trips.
+        if !stored_copy::holds_live_rows(self, schema, lineage).await? {
+            return Ok(());
+        }
         let mut tx = PgTx::begin(self).await?;
         stored_copy::stored_rows(&mut tx, schema, lineage, run_id, each).await?;
         tx.commit_now().await

@@ -12,6 +12,7 @@ use futures_util::TryStreamExt;
 use tidemark_core::{Error, FieldType, Hash128, Value};
 
 use super::driver::PgTx;
+use super::PgStore;
 use crate::db_error::DbResultExt;
 use crate::schema::{quote, stored_key_from_text, TableSchema};
 use crate::stored::StoredHashes;
@@ -26,6 +27,32 @@ struct LiveRow {
     /// rewritten, never skipped).
     row_hash: Option<Hash128>,
     written_by_run: bool,
+}
+
+/// Whether the run key has any live row: one statement on its own, which
+/// the run-key index answers.
+pub(super) async fn holds_live_rows(
+    store: &PgStore,
+    schema: &TableSchema,
+    lineage: &Lineage,
+) -> Result<bool, Error> {
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM {} WHERE _tm_source = $1 AND _tm_export_type = $2 \
+         AND _tm_period_start = $3::timestamptz{})",
+        quote(&schema.table),
+        schema.live_only()
+    );
+    let mut on = store.single().await.db()?;
+    let held: bool = sqlx::query_scalar(&sql)
+        .persistent(store.persistent())
+        .bind(&lineage.source)
+        .bind(&lineage.export_type)
+        .bind(&lineage.period_start)
+        .fetch_one(on.connection())
+        .await
+        .db()?;
+    on.finish().await.db()?;
+    Ok(held)
 }
 
 /// Key hash, row hash and "written by this run" (when `run_id` is given) of

@@ -447,6 +447,26 @@ pub(super) fn stored_rows(
     })
 }
 
+/// Whether the run key has any live row (one step on the run-key index).
+pub(super) fn holds_live_rows(
+    conn: &Connection,
+    schema: &TableSchema,
+    lineage: &Lineage,
+) -> Result<bool, Error> {
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM {} WHERE {})",
+        quote(&schema.table),
+        live_rows_of_run_key(schema)
+    );
+    conn.prepare_cached(&sql)
+        .db()?
+        .query_row(
+            (&lineage.source, &lineage.export_type, &lineage.period_start),
+            |row| row.get(0),
+        )
+        .db()
+}
+
 /// The run key's live row count, and the rowids of the rows it held at the
 /// start whose natural key no batch of this run has seen.
 pub(super) fn vanished_rows(
