@@ -9,8 +9,10 @@ tidemark at its default settings and, for comparison, at --concurrency 2.
 
 Cases (--only days|period|small, default all):
   days    1,000,000 order rows over 20 daily files (the original case)
-  period  one period of 10,000,000 rows, generated on the fly (not kept):
-          first load, mutated re-sync, unchanged re-sync, peak RSS of each
+  period  one period of 4,000,000 rows, generated on the fly (not kept):
+          first load, mutated re-sync, unchanged re-sync, peak RSS of each,
+          and the unchanged re-sync's speed-up over the first load
+          (importable: period_speedups(quick, backends))
   small   2,000 periods of 5 rows (day files): periods per second, against
           the hand-written pattern (bench/handwritten.py: claim + commit,
           upsert + done + commit, per period) at tidemark's default
@@ -408,7 +410,7 @@ def report(title, runs, total, baseline_name, settings, shape=True):
                  if shape else ""))
 
 
-# The one-period case streams its rows: 10,000,000 of them do not fit in
+# The one-period case streams its rows: millions of them do not fit in
 # this script's memory, and the mutated version is the same rows with the
 # same mutation rule as mutate(), generated again rather than read back.
 NOTES = "abcdefghijklmnopqrstuvwxyz " * 4
@@ -481,6 +483,37 @@ def period_scenario(folder, rows, backend, day, versions):
         results[("defaults", step)] = value
         writes[("defaults", step)] = written[step]
     return results, writes
+
+
+def period_speedups(quick, backends, rows=None, folder=None, batch_size=10_000, runs=None):
+    """The one-period case on each backend: {backend: (first load seconds,
+    unchanged re-sync seconds, speed-up, peak RSS MiB of tidemark's steps)},
+    from one run each (4,000,000 rows, or 1,000,000 with `quick`). `runs`,
+    if given, receives each backend's full results for report()."""
+    rows = rows or (1_000_000 if quick else 4_000_000)
+    folder = folder or os.path.join(ROOT, "bench", "data-period")
+    # Two versions of the export, the baseline's table, then tidemark's
+    # table and WAL: about 1.1 KB of disk a row at the peak. A full disk
+    # takes PostgreSQL down for everyone on the machine: refuse first.
+    need = rows * 1100
+    free = shutil.disk_usage(os.path.dirname(folder)).free
+    if free < need:
+        sys.exit(f"the one-period case of {rows:,} rows needs about {need / 2**30:.1f} GiB of free disk, "
+                 f"{free / 2**30:.1f} GiB are free: pass --period-rows N or free some space")
+    speedups = {}
+    try:
+        day, versions = period_files(folder, rows, batch_size)
+        for backend in backends:
+            results, writes = period_scenario(folder, rows, backend, day, versions)
+            first = results[("defaults", "first")][0]
+            unchanged = results[("defaults", "unchanged")][0]
+            rss = max(value[1] for key, value in results.items() if key != "baseline")
+            speedups[backend] = (first, unchanged, first / unchanged, rss)
+            if runs is not None:
+                runs[backend] = (results, writes)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return speedups
 
 
 def load_module(name):
@@ -579,7 +612,7 @@ def main():
                     help="run only these cases (repeatable; default all)")
     ap.add_argument("--rows", type=int, help="rows of the days case (default 1,000,000)")
     ap.add_argument("--periods", type=int, default=20)
-    ap.add_argument("--period-rows", type=int, help="rows of the one-period case (default 10,000,000)")
+    ap.add_argument("--period-rows", type=int, help="rows of the one-period case (default 4,000,000)")
     ap.add_argument("--small-periods", type=int, help="periods of the small case (default 2,000)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of the days and small cases (medians)")
     ap.add_argument("--batch-size", type=int, default=10_000)
@@ -587,7 +620,7 @@ def main():
     ap.add_argument("--dir", default=os.path.join(ROOT, "bench", "data"))
     args = ap.parse_args()
     rows = args.rows or (200_000 if args.quick else 1_000_000)
-    period_rows = args.period_rows or (1_000_000 if args.quick else 10_000_000)
+    period_rows = args.period_rows or (1_000_000 if args.quick else 4_000_000)
     small = args.small_periods or (500 if args.quick else 2_000)
     cases = args.only or ["days", "period", "small"]
     if not os.path.exists(BIN):
@@ -595,28 +628,23 @@ def main():
     backends = ["postgres", "sqlite"] if args.backend == "both" else [args.backend]
     started = time.perf_counter()
     baseline = {"postgres": "COPY baseline (psql \\copy)", "sqlite": "sqlite3 .import baseline"}
-    period_dir = args.dir + "-period"
+    period_runs, speedups = {}, {}
     if "period" in cases:
-        # Two versions of the export, the baseline's table, then tidemark's
-        # table and WAL: about 1.1 KB of disk a row at the peak. A full disk
-        # takes PostgreSQL down for everyone on the machine: refuse first.
-        need = period_rows * 1100
-        free = shutil.disk_usage(os.path.dirname(period_dir)).free
-        if free < need:
-            sys.exit(f"the one-period case of {period_rows:,} rows needs about {need / 2**30:.1f} GiB of free disk, "
-                     f"{free / 2**30:.1f} GiB are free: pass --period-rows N or free some space")
-        day, versions = period_files(period_dir, period_rows, args.batch_size)
+        speedups = period_speedups(args.quick, backends, period_rows, args.dir + "-period",
+                                   args.batch_size, period_runs)
     for backend in backends:
         if "days" in cases:
             runs = [days_scenario(args.dir, rows, args.periods, args.batch_size, backend)
                     for _ in range(args.repeat)]
             report(f"{backend}, {args.periods} daily periods", runs, rows, baseline[backend], SETTINGS)
         if "period" in cases:
-            runs = [period_scenario(period_dir, period_rows, backend, day, versions)]
-            report(f"{backend}, one period", runs, period_rows, baseline[backend], SETTINGS[:1], shape=False)
+            report(f"{backend}, one period", [period_runs[backend]], period_rows, baseline[backend],
+                   SETTINGS[:1], shape=False)
+            first, unchanged, speedup, rss = speedups[backend]
+            print(f"{backend}: unchanged re-sync vs first load: {speedup:.2f}x "
+                  f"({first:.2f} s / {unchanged:.2f} s, peak RSS {rss:.0f} MiB)")
         if "small" in cases:
             small_report(backend, small, [small_scenario(args.dir, small, backend) for _ in range(args.repeat)])
-    shutil.rmtree(period_dir, ignore_errors=True)
     print(f"\n(bench took {time.perf_counter() - started:.0f} s)")
 
 

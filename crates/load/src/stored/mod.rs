@@ -4,13 +4,14 @@
 //!
 //! Below the pipeline's `memory_budget` the `(key hash, row hash)` pairs
 //! are held in memory ([`memory::InMemory`]); a run key whose stored rows
-//! need more is sorted into a temporary file ([`spill::Spilled`]), so a
-//! period of any size runs in the same memory (ADR 0007).
+//! need more go to a temporary file ([`spill::Spilled`]), so a period of
+//! any size runs in the same memory (ADR 0007); that file keeps the order
+//! the rows came in, which an unchanged re-sync reads them in (ADR 0021).
 
 mod memory;
 mod spill;
 
-use tidemark_core::{Error, Hash128};
+use tidemark_core::{Error, Hash128, KeySet};
 
 pub(crate) use memory::InMemory;
 
@@ -155,14 +156,15 @@ impl StoredHashes {
 }
 
 /// Collects a run key's stored rows as the database streams them, in
-/// memory until they pass the budget, then in sorted runs on disk.
+/// memory until they pass the budget, then in a file in the order they
+/// came (see [`spill`]).
 #[derive(Debug)]
 pub(crate) struct Builder {
     budget: u64,
     pairs: Vec<(Hash128, Hash128)>,
     /// Keys this run wrote before (a resumed attempt): seen already.
     ours: Vec<Hash128>,
-    runs: Option<spill::Runs>,
+    file: Option<spill::Writer>,
 }
 
 impl Builder {
@@ -171,7 +173,7 @@ impl Builder {
             budget,
             pairs: Vec::new(),
             ours: Vec::new(),
-            runs: None,
+            file: None,
         }
     }
 
@@ -186,6 +188,9 @@ impl Builder {
         row_hash: Hash128,
         ours: bool,
     ) -> Result<(), Error> {
+        if let Some(file) = self.file.as_mut() {
+            return file.push(key, row_hash, ours);
+        }
         if self.pairs.len() == self.pairs.capacity() {
             // Grow by doubling, never past what the budget holds.
             let most = usize::try_from(self.budget / MEMORY_ENTRY).unwrap_or(usize::MAX);
@@ -203,35 +208,27 @@ impl Builder {
         Ok(())
     }
 
-    /// Writes what is collected as one sorted run and starts the next.
+    /// Moves what is collected to the file, in the order it came; every
+    /// later row goes straight there.
     fn spill(&mut self) -> Result<(), Error> {
-        if self.runs.is_none() {
-            self.runs = Some(spill::Runs::new()?);
+        let mut file = spill::Writer::new()?;
+        let ours: KeySet = self.ours.drain(..).collect();
+        for (key, row_hash) in std::mem::take(&mut self.pairs) {
+            file.push(key, row_hash, ours.contains(&key))?;
         }
-        if let Some(runs) = self.runs.as_mut() {
-            runs.write_run(&mut self.pairs, &mut self.ours)?;
-        }
-        self.pairs.clear();
-        self.ours.clear();
+        self.file = Some(file);
         Ok(())
     }
 
-    pub(crate) fn finish(mut self) -> Result<StoredHashes, Error> {
-        if self.runs.is_none() {
-            let mut stored = InMemory::new(std::mem::take(&mut self.pairs));
-            for key in self.ours {
-                stored.mark_seen(key);
-            }
-            return Ok(StoredHashes::Memory(stored));
+    pub(crate) fn finish(self) -> Result<StoredHashes, Error> {
+        if let Some(file) = self.file {
+            return Ok(StoredHashes::Spilled(file.finish(self.budget)?));
         }
-        if !self.pairs.is_empty() {
-            self.spill()?;
+        let mut stored = InMemory::new(self.pairs);
+        for key in self.ours {
+            stored.mark_seen(key);
         }
-        let runs = self
-            .runs
-            .take()
-            .ok_or_else(|| Error::Invariant("stored hashes: spilled without runs".to_string()))?;
-        Ok(StoredHashes::Spilled(runs.merge()?))
+        Ok(StoredHashes::Memory(stored))
     }
 }
 
@@ -290,6 +287,94 @@ mod tests {
             for key in &keys {
                 assert_eq!(memory.vanished(*key), file.vanished(*key), "n = {n}");
             }
+        }
+    }
+
+    /// The lookups of one pass, in memory and from the file, in any order
+    /// of the keys: each stored key with its hash, each other key absent.
+    fn agree_in_order(n: u128, order: &[u128]) -> StoredHashes {
+        let mut memory = build(u64::MAX, n, |_| false);
+        let mut file = build(3000, n, |_| false);
+        assert!(file.spilled());
+        let keys: Vec<Hash128> = order.iter().map(|&i| spread(i)).collect();
+        let a = memory.find_all(&keys).unwrap();
+        let b = file.find_all(&keys).unwrap();
+        for ((&i, a), b) in order.iter().zip(&a).zip(&b) {
+            assert_eq!(a.map(|f| f.row_hash), b.map(|f| f.row_hash), "key {i}");
+            assert_eq!(b.and_then(|f| f.row_hash), (i < n).then_some(Hash128(i)));
+        }
+        file
+    }
+
+    fn sorted_built(stored: &StoredHashes) -> bool {
+        matches!(stored, StoredHashes::Spilled(s) if s.sorted())
+    }
+
+    /// Keys asked for in the stored order (an unchanged re-sync) are found
+    /// at the cursor, without sorting; gaps of rows deleted upstream too.
+    #[test]
+    fn the_stored_order_needs_no_sort() {
+        let n = 5000;
+        let all: Vec<u128> = (0..n).collect();
+        assert!(!sorted_built(&agree_in_order(n, &all)));
+        let gaps: Vec<u128> = (0..n).filter(|i| i % 50 != 7 && i % 97 > 2).collect();
+        assert!(!sorted_built(&agree_in_order(n, &gaps)));
+        // A key never stored needs the sorted copy to be told apart.
+        let added: Vec<u128> = (0..n + 10).collect();
+        assert!(sorted_built(&agree_in_order(n, &added)));
+    }
+
+    /// Any other order gives the same answers through the sorted copy.
+    #[test]
+    fn any_order_finds_the_same() {
+        use rand::seq::SliceRandom;
+        let n = 3000;
+        let mut rng = rand::thread_rng();
+        let mut shuffled: Vec<u128> = (0..n + 100).collect();
+        shuffled.shuffle(&mut rng);
+        agree_in_order(n, &shuffled);
+        let reversed: Vec<u128> = (0..n).rev().collect();
+        agree_in_order(n, &reversed);
+        // Updated rows moved to the end of the table (PostgreSQL's heap).
+        let moved: Vec<u128> = (0..n)
+            .filter(|i| i % 10 != 3)
+            .chain((0..n).filter(|i| i % 10 == 3))
+            .collect();
+        agree_in_order(n, &moved);
+    }
+
+    /// A key the scan returned twice vanishes only if neither entry was
+    /// seen, whichever one the lookup found.
+    #[test]
+    fn a_key_stored_twice_vanishes_only_unseen() {
+        let mut builder = Builder::new(3000);
+        for i in 0..200u128 {
+            builder.push(spread(i), Hash128(i), false).unwrap();
+        }
+        builder.push(spread(5), Hash128(5), false).unwrap();
+        builder.push(spread(6), Hash128(6), false).unwrap();
+        let mut file = builder.finish().unwrap();
+        assert!(file.spilled());
+        let keys: Vec<Hash128> = (0..200u128).filter(|&i| i != 6).map(spread).collect();
+        for found in file.find_all(&keys).unwrap().into_iter().flatten() {
+            file.see(found.position);
+        }
+        file.prepare_reconcile().unwrap();
+        assert!(!file.vanished(spread(5)), "seen once: kept");
+        assert!(file.vanished(spread(6)), "never seen: vanished");
+        assert!(!file.vanished(spread(500)), "never stored");
+    }
+
+    /// Rows a resumed attempt wrote before count as seen in either form,
+    /// including those collected before the pairs went to the file.
+    #[test]
+    fn rows_of_a_resumed_attempt_are_seen() {
+        for budget in [u64::MAX, 3000, 400] {
+            let mut stored = build(budget, 1000, |i| i % 3 == 0);
+            assert_eq!(stored.unseen(), 1000 - 334, "budget {budget}");
+            stored.prepare_reconcile().unwrap();
+            assert!(!stored.vanished(spread(3)));
+            assert!(stored.vanished(spread(4)));
         }
     }
 }

@@ -1,13 +1,21 @@
 //! The file form of a run key's stored hashes, for a period whose stored
-//! rows do not fit in the memory budget (ADR 0007).
+//! rows do not fit in the memory budget (ADR 0007, ADR 0021).
 //!
-//! The pairs are sorted by key hash into an anonymous temporary file (an
-//! external merge sort: runs of the budget's size, then one k-way merge),
-//! of 32-byte entries. Memory then holds a sparse directory (the first key
-//! of every block of [`BLOCK`] entries: a quarter of a byte per row), the
-//! "seen" and "written" bits (two bits per row) and one block. A lookup
-//! reads one block with `pread`; the lookups of a batch go in key order, so
-//! keys that share a block share the read.
+//! The pairs are written to an anonymous temporary file in the order the
+//! database returned them (32-byte entries), which for a table tidemark
+//! loaded is the order the source listed them: a re-sync of an unchanged
+//! export asks for the keys in the same order. A lookup therefore first
+//! compares the entry at a cursor that follows the source (and a few after
+//! it, for rows deleted upstream), read sequentially through a window; only
+//! a key that is not there goes to a key-sorted copy of the file, built the
+//! first time one is needed ([`SortedIndex`]: an external merge sort, runs
+//! of the budget's size, then one k-way merge). An unchanged re-sync in
+//! source order never sorts; profiling put the sort, and the one `pread`
+//! per key of sorted lookups, at the top of a 4,000,000-row re-sync.
+//!
+//! Memory holds the "seen" and "written" bits (two bits per row), the
+//! cursor's window and, once sorted, a sparse directory (the first key of
+//! every block of [`BLOCK`] entries) and one block.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -19,17 +27,26 @@ use tidemark_core::{Error, Hash128, KeySet};
 
 use super::Found;
 
-/// Entries per block of the sorted file: 2 KiB, one `pread` per lookup.
+/// Entries per block of the sorted file: one `pread` per fallback lookup.
 const BLOCK: usize = 64;
 
-/// A sorted-file entry: key hash, row hash (both big-endian).
+/// An arrival-file entry: key hash, row hash (both big-endian).
 const ENTRY: usize = 32;
 
-/// A run entry: key hash, row hash, and 1 when this run wrote the row.
-const RUN_ENTRY: usize = 33;
+/// A sorted-file entry: key hash, arrival position, row hash (big-endian,
+/// so that byte order is key order, then arrival order for a key stored
+/// twice).
+const SORTED_ENTRY: usize = 40;
 
-/// Read buffer of each run during the merge.
-const MERGE_BUFFER: usize = 64 << 10;
+/// Entries the cursor's window holds: 128 KiB, read sequentially.
+const WINDOW: usize = 4096;
+
+/// How far past the cursor a key is looked for before the sorted file:
+/// rows deleted upstream leave gaps of a few entries in the stored order.
+const LOOKAHEAD: usize = 32;
+
+/// Read and write buffer of the files' sequential passes.
+const BUFFER: usize = 64 << 10;
 
 /// A failure of the spill file: the machine's temporary directory, not
 /// the database, so it says which directory and what to do about it.
@@ -44,154 +61,21 @@ fn io_error(what: &str, e: std::io::Error) -> Error {
     }
 }
 
-/// Sorted runs of `(key, row hash, written by this run)`, in one file.
-#[derive(Debug)]
-pub(crate) struct Runs {
-    out: BufWriter<File>,
-    /// Entries in each run, in file order.
-    lengths: Vec<u64>,
-}
-
-impl Runs {
-    pub(crate) fn new() -> Result<Runs, Error> {
-        let file = tempfile::tempfile().map_err(|e| io_error("creating", e))?;
-        Ok(Runs {
-            out: BufWriter::with_capacity(MERGE_BUFFER, file),
-            lengths: Vec::new(),
-        })
-    }
-
-    /// Sorts and writes one run; `ours` are the keys this run wrote.
-    pub(crate) fn write_run(
-        &mut self,
-        pairs: &mut [(Hash128, Hash128)],
-        ours: &mut [Hash128],
-    ) -> Result<(), Error> {
-        pairs.sort_unstable_by_key(|(key, _)| *key);
-        ours.sort_unstable();
-        let mut ours = ours.iter().peekable();
-        for (key, row) in pairs.iter() {
-            while ours.next_if(|k| *k < key).is_some() {}
-            let flag = u8::from(ours.next_if(|k| *k == key).is_some());
-            let mut entry = [0u8; RUN_ENTRY];
-            entry[..16].copy_from_slice(&key.to_bytes());
-            entry[16..32].copy_from_slice(&row.to_bytes());
-            entry[32] = flag;
-            self.out
-                .write_all(&entry)
-                .map_err(|e| io_error("writing", e))?;
-        }
-        self.lengths.push(pairs.len() as u64);
-        Ok(())
-    }
-
-    /// Merges the runs into the sorted file. Duplicate keys (a table that
-    /// held one key twice cannot, but a scan racing a takeover might) keep
-    /// their first entry.
-    pub(crate) fn merge(self) -> Result<Spilled, Error> {
-        let file = self
-            .out
-            .into_inner()
-            .map_err(|e| io_error("writing", e.into_error()))?;
-        let mut cursors = Vec::with_capacity(self.lengths.len());
-        let mut start = 0u64;
-        for &len in &self.lengths {
-            cursors.push(Cursor::new(start * RUN_ENTRY as u64, len));
-            start += len;
-        }
-        let total = usize::try_from(start).unwrap_or(usize::MAX);
-        let sorted = tempfile::tempfile().map_err(|e| io_error("creating", e))?;
-        let mut out = BufWriter::with_capacity(MERGE_BUFFER, &sorted);
-        let mut heap = BinaryHeap::with_capacity(cursors.len());
-        for (i, cursor) in cursors.iter_mut().enumerate() {
-            if let Some(entry) = cursor.next(&file)? {
-                heap.push(Reverse((entry, i)));
-            }
-        }
-        let mut spilled = Spilled::with_capacity(total);
-        let mut last: Option<[u8; 16]> = None;
-        while let Some(Reverse((entry, i))) = heap.pop() {
-            if let Some(next) = cursors[i].next(&file)? {
-                heap.push(Reverse((next, i)));
-            }
-            let key: [u8; 16] = entry[..16].try_into().unwrap_or_default();
-            if last == Some(key) {
-                continue;
-            }
-            last = Some(key);
-            spilled.push(&entry, &mut out)?;
-        }
-        out.flush().map_err(|e| io_error("writing", e))?;
-        drop(out);
-        spilled.file = Some(sorted);
-        Ok(spilled)
-    }
-}
-
-/// Reads one run of the runs file in chunks.
-struct Cursor {
-    offset: u64,
-    left: u64,
-    buffer: Vec<u8>,
-    at: usize,
-}
-
-impl Cursor {
-    fn new(offset: u64, len: u64) -> Cursor {
-        Cursor {
-            offset,
-            left: len,
-            buffer: Vec::new(),
-            at: 0,
-        }
-    }
-
-    fn next(&mut self, file: &File) -> Result<Option<[u8; RUN_ENTRY]>, Error> {
-        if self.at == self.buffer.len() {
-            if self.left == 0 {
-                return Ok(None);
-            }
-            let entries = self.left.min((MERGE_BUFFER / RUN_ENTRY) as u64);
-            let bytes = usize::try_from(entries).unwrap_or(0) * RUN_ENTRY;
-            self.buffer.resize(bytes, 0);
-            file.read_exact_at(&mut self.buffer, self.offset)
-                .map_err(|e| io_error("reading", e))?;
-            self.offset += bytes as u64;
-            self.left -= entries;
-            self.at = 0;
-        }
-        let mut entry = [0u8; RUN_ENTRY];
-        entry.copy_from_slice(&self.buffer[self.at..self.at + RUN_ENTRY]);
-        self.at += RUN_ENTRY;
-        Ok(Some(entry))
-    }
-}
-
-/// The sorted file and what is kept in memory about it.
-#[derive(Debug)]
-pub(crate) struct Spilled {
-    file: Option<File>,
-    len: usize,
-    /// The first key of each block.
-    directory: Vec<Hash128>,
-    seen: Vec<u64>,
-    /// Rows this run wrote since the start: their stored hash is stale.
-    written: Vec<u64>,
-    unseen: usize,
-    /// The block last read, and which one it is.
-    block: Vec<u8>,
-    block_no: Option<usize>,
-    /// The keys not seen, once the run reconciles.
-    unseen_keys: Option<KeySet>,
+fn new_file() -> Result<File, Error> {
+    tempfile::tempfile().map_err(|e| io_error("creating", e))
 }
 
 fn bit(bits: &[u64], i: usize) -> bool {
-    bits[i / 64] & (1 << (i % 64)) != 0
+    bits.get(i / 64)
+        .is_some_and(|word| word & (1 << (i % 64)) != 0)
 }
 
+/// Sets bit `i`; true if it was clear.
 fn set(bits: &mut [u64], i: usize) -> bool {
     let was = bit(bits, i);
-    bits[i / 64] |= 1 << (i % 64);
+    if let Some(word) = bits.get_mut(i / 64) {
+        *word |= 1 << (i % 64);
+    }
     !was
 }
 
@@ -201,29 +85,43 @@ fn hash_at(bytes: &[u8]) -> Hash128 {
     Hash128(u128::from_be_bytes(b))
 }
 
-impl Spilled {
-    fn with_capacity(len: usize) -> Spilled {
-        Spilled {
-            file: None,
+/// Writes the stored pairs in arrival order, once they pass the budget.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    out: BufWriter<File>,
+    len: usize,
+    /// Rows this run wrote before (a resumed attempt): seen already.
+    seen: Vec<u64>,
+    unseen: usize,
+}
+
+impl Writer {
+    pub(crate) fn new() -> Result<Writer, Error> {
+        Ok(Writer {
+            out: BufWriter::with_capacity(BUFFER, new_file()?),
             len: 0,
-            directory: Vec::with_capacity(len.div_ceil(BLOCK)),
-            seen: vec![0; len.div_ceil(64)],
-            written: vec![0; len.div_ceil(64)],
+            seen: Vec::new(),
             unseen: 0,
-            block: Vec::new(),
-            block_no: None,
-            unseen_keys: None,
-        }
+        })
     }
 
-    /// Appends the next entry in key order (from the merge).
-    fn push(&mut self, entry: &[u8; RUN_ENTRY], out: &mut impl Write) -> Result<(), Error> {
-        if self.len % BLOCK == 0 {
-            self.directory.push(hash_at(&entry[..16]));
-        }
-        out.write_all(&entry[..ENTRY])
+    /// Appends the next stored row; `ours` when this run wrote it.
+    pub(crate) fn push(
+        &mut self,
+        key: Hash128,
+        row_hash: Hash128,
+        ours: bool,
+    ) -> Result<(), Error> {
+        let mut entry = [0u8; ENTRY];
+        entry[..16].copy_from_slice(&key.to_bytes());
+        entry[16..].copy_from_slice(&row_hash.to_bytes());
+        self.out
+            .write_all(&entry)
             .map_err(|e| io_error("writing", e))?;
-        if entry[32] == 1 {
+        if self.len % 64 == 0 {
+            self.seen.push(0);
+        }
+        if ours {
             set(&mut self.seen, self.len);
         } else {
             self.unseen += 1;
@@ -232,75 +130,137 @@ impl Spilled {
         Ok(())
     }
 
+    /// The file form, with a sorted copy built only when a lookup misses
+    /// the cursor (its runs sized by `budget`).
+    pub(crate) fn finish(self, budget: u64) -> Result<Spilled, Error> {
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| io_error("writing", e.into_error()))?;
+        Ok(Spilled {
+            file,
+            written: vec![0; self.seen.len()],
+            seen: self.seen,
+            len: self.len,
+            unseen: self.unseen,
+            window: Vec::new(),
+            window_start: 0,
+            next: 0,
+            sorted: None,
+            budget,
+            unseen_keys: None,
+        })
+    }
+}
+
+/// The arrival-order file and what is kept in memory about it.
+#[derive(Debug)]
+pub(crate) struct Spilled {
+    file: File,
+    len: usize,
+    seen: Vec<u64>,
+    /// Rows this run wrote since the start: their stored hash is stale.
+    written: Vec<u64>,
+    unseen: usize,
+    /// The entries from `window_start` on, read ahead of the cursor.
+    window: Vec<u8>,
+    window_start: usize,
+    /// Where the next key is expected: after the last one the cursor found.
+    next: usize,
+    /// The key-sorted copy, once a lookup needed it.
+    sorted: Option<SortedIndex>,
+    budget: u64,
+    /// The keys not seen, once the run reconciles.
+    unseen_keys: Option<KeySet>,
+}
+
+impl Spilled {
     pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    fn sorted(&self) -> Result<&File, Error> {
-        self.file
-            .as_ref()
-            .ok_or_else(|| io_error("reading", std::io::ErrorKind::NotFound.into()))
     }
 
     pub(crate) fn unseen(&self) -> usize {
         self.unseen
     }
 
-    fn read_block(&mut self, block_no: usize) -> Result<(), Error> {
-        if self.block_no == Some(block_no) {
+    /// Whether a lookup needed the key-sorted copy.
+    #[cfg(test)]
+    pub(crate) fn sorted(&self) -> bool {
+        self.sorted.is_some()
+    }
+
+    /// A found entry: `None` as the row hash once this run wrote the row
+    /// (the database then compares).
+    fn found(&self, position: usize, row: Hash128) -> Found {
+        let row_hash = (!bit(&self.written, position)).then_some(row);
+        Found { position, row_hash }
+    }
+
+    /// Makes entries `from..from + count` (clamped to the file) readable
+    /// in the window, reading from `from` on when they are not.
+    fn window_holds(&mut self, from: usize, count: usize) -> Result<(), Error> {
+        let end = (from + count).min(self.len);
+        let held = self.window.len() / ENTRY;
+        if from >= self.window_start && end <= self.window_start + held {
             return Ok(());
         }
-        let first = block_no * BLOCK;
-        let entries = BLOCK.min(self.len - first);
-        self.block.resize(entries * ENTRY, 0);
-        let file = self
-            .file
-            .as_ref()
-            .ok_or_else(|| io_error("reading", std::io::ErrorKind::NotFound.into()))?;
-        file.read_exact_at(&mut self.block, (first * ENTRY) as u64)
+        let entries = WINDOW.min(self.len - from);
+        self.window.resize(entries * ENTRY, 0);
+        self.file
+            .read_exact_at(&mut self.window, (from * ENTRY) as u64)
             .map_err(|e| io_error("reading", e))?;
-        self.block_no = Some(block_no);
+        self.window_start = from;
         Ok(())
     }
 
-    /// Where `key` is and its stored row hash (`None` once this run wrote
-    /// the row: the database then compares).
-    fn find(&mut self, key: Hash128) -> Result<Option<Found>, Error> {
-        let Some(block_no) = self
-            .directory
-            .partition_point(|first| *first <= key)
-            .checked_sub(1)
-        else {
+    /// The key at or shortly after the cursor, moving the cursor past it.
+    fn at_cursor(&mut self, key: Hash128) -> Result<Option<Found>, Error> {
+        if self.next >= self.len {
             return Ok(None);
-        };
-        self.read_block(block_no)?;
-        let entries = self.block.len() / ENTRY;
-        let (mut lo, mut hi) = (0, entries);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            let at = hash_at(&self.block[mid * ENTRY..]);
-            match at.cmp(&key) {
-                std::cmp::Ordering::Less => lo = mid + 1,
-                std::cmp::Ordering::Greater => hi = mid,
-                std::cmp::Ordering::Equal => {
-                    let position = block_no * BLOCK + mid;
-                    let row = hash_at(&self.block[mid * ENTRY + 16..]);
-                    let row_hash = (!bit(&self.written, position)).then_some(row);
-                    return Ok(Some(Found { position, row_hash }));
-                }
+        }
+        self.window_holds(self.next, LOOKAHEAD)?;
+        let ahead = (self.len - self.next).min(LOOKAHEAD);
+        for position in self.next..self.next + ahead {
+            let at = (position - self.window_start) * ENTRY;
+            if hash_at(&self.window[at..]) == key {
+                let row = hash_at(&self.window[at + 16..]);
+                self.next = position + 1;
+                return Ok(Some(self.found(position, row)));
             }
         }
         Ok(None)
     }
 
-    /// [`Spilled::find`] for many keys, in key order so that keys sharing a
-    /// block share its read; results in the order of `keys`.
+    /// Finds each key (results in the order of `keys`): at the cursor when
+    /// the keys come in the stored order, else in the sorted copy, in key
+    /// order so that keys sharing a block share its read.
     pub(crate) fn find_all(&mut self, keys: &[Hash128]) -> Result<Vec<Option<Found>>, Error> {
-        let mut order: Vec<usize> = (0..keys.len()).collect();
-        order.sort_unstable_by_key(|&i| keys[i]);
-        let mut found = vec![None; keys.len()];
-        for i in order {
-            found[i] = self.find(keys[i])?;
+        let mut found = Vec::with_capacity(keys.len());
+        let mut missed = Vec::new();
+        for (i, &key) in keys.iter().enumerate() {
+            let hit = self.at_cursor(key)?;
+            if hit.is_none() {
+                missed.push(i);
+            }
+            found.push(hit);
+        }
+        if missed.is_empty() {
+            return Ok(found);
+        }
+        if self.sorted.is_none() {
+            tracing::debug!(
+                stored = self.len,
+                "a key is not where the stored order expects it: sorting the stored hashes"
+            );
+            self.sorted = Some(SortedIndex::build(&self.file, self.len, self.budget)?);
+        }
+        missed.sort_unstable_by_key(|&i| keys[i]);
+        for i in missed {
+            let hit = match self.sorted.as_mut() {
+                Some(sorted) => sorted.find(keys[i])?,
+                None => None,
+            };
+            found[i] = hit.map(|(position, row)| self.found(position, row));
         }
         Ok(found)
     }
@@ -329,24 +289,42 @@ impl Spilled {
         bit(&self.seen, position)
     }
 
-    /// Collects the keys not seen, for [`Spilled::vanished`]: one
-    /// sequential read of the file.
+    /// Collects the keys not seen, for [`Spilled::vanished`]: a sequential
+    /// read of the file, and a second one when some were not seen, so that
+    /// a key the table held twice (a scan racing a takeover) and that was
+    /// seen at either place does not vanish.
     pub(crate) fn collect_unseen(&mut self) -> Result<(), Error> {
         let mut keys = KeySet::default();
         if self.unseen > 0 {
-            let file = self.sorted()?;
-            let mut reader = BufReader::with_capacity(MERGE_BUFFER, ReadAt { file, offset: 0 });
-            let mut entry = [0u8; ENTRY];
-            for position in 0..self.len {
-                reader
-                    .read_exact(&mut entry)
-                    .map_err(|e| io_error("reading", e))?;
+            self.each_entry(|position, key| {
                 if !bit(&self.seen, position) {
-                    keys.insert(hash_at(&entry));
+                    keys.insert(key);
                 }
-            }
+            })?;
+            self.each_entry(|position, key| {
+                if bit(&self.seen, position) {
+                    keys.remove(&key);
+                }
+            })?;
         }
         self.unseen_keys = Some(keys);
+        Ok(())
+    }
+
+    /// Calls `each` with the position and key of every entry, in order.
+    fn each_entry(&self, mut each: impl FnMut(usize, Hash128)) -> Result<(), Error> {
+        let reader = ReadAt {
+            file: &self.file,
+            offset: 0,
+        };
+        let mut reader = BufReader::with_capacity(BUFFER, reader);
+        let mut entry = [0u8; ENTRY];
+        for position in 0..self.len {
+            reader
+                .read_exact(&mut entry)
+                .map_err(|e| io_error("reading", e))?;
+            each(position, hash_at(&entry));
+        }
         Ok(())
     }
 
@@ -356,6 +334,198 @@ impl Spilled {
         self.unseen_keys
             .as_ref()
             .is_some_and(|keys| keys.contains(&key))
+    }
+}
+
+/// The stored pairs sorted by key, with their arrival positions: what a
+/// key the cursor did not find is looked up in.
+#[derive(Debug)]
+struct SortedIndex {
+    file: File,
+    len: usize,
+    /// The first key of each block.
+    directory: Vec<Hash128>,
+    /// The block last read, and which one it is.
+    block: Vec<u8>,
+    block_no: Option<usize>,
+}
+
+impl SortedIndex {
+    /// Sorts the arrival file (`len` entries) in runs of about `budget`
+    /// bytes, then merges them. A key stored twice keeps its first entry.
+    fn build(arrival: &File, len: usize, budget: u64) -> Result<SortedIndex, Error> {
+        let run_entries = usize::try_from(budget / SORTED_ENTRY as u64)
+            .unwrap_or(usize::MAX)
+            .max(1024);
+        let mut runs = BufWriter::with_capacity(BUFFER, new_file()?);
+        let mut lengths = Vec::new();
+        let mut reader = BufReader::with_capacity(
+            BUFFER,
+            ReadAt {
+                file: arrival,
+                offset: 0,
+            },
+        );
+        let mut position = 0;
+        let mut chunk: Vec<[u8; SORTED_ENTRY]> = Vec::with_capacity(run_entries.min(len));
+        while position < len {
+            chunk.clear();
+            while chunk.len() < run_entries && position < len {
+                let mut entry = [0u8; ENTRY];
+                reader
+                    .read_exact(&mut entry)
+                    .map_err(|e| io_error("reading", e))?;
+                chunk.push(sorted_entry(&entry, position));
+                position += 1;
+            }
+            chunk.sort_unstable();
+            for entry in &chunk {
+                runs.write_all(entry).map_err(|e| io_error("writing", e))?;
+            }
+            lengths.push(chunk.len() as u64);
+        }
+        drop(chunk);
+        let runs = runs
+            .into_inner()
+            .map_err(|e| io_error("writing", e.into_error()))?;
+        merge(&runs, &lengths, len)
+    }
+
+    /// The arrival position and row hash of `key`, if stored.
+    fn find(&mut self, key: Hash128) -> Result<Option<(usize, Hash128)>, Error> {
+        let Some(block_no) = self
+            .directory
+            .partition_point(|first| *first <= key)
+            .checked_sub(1)
+        else {
+            return Ok(None);
+        };
+        self.read_block(block_no)?;
+        let entries = self.block.len() / SORTED_ENTRY;
+        let (mut lo, mut hi) = (0, entries);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let at = mid * SORTED_ENTRY;
+            match hash_at(&self.block[at..]).cmp(&key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => {
+                    let mut pos = [0u8; 8];
+                    pos.copy_from_slice(&self.block[at + 16..at + 24]);
+                    let position = usize::try_from(u64::from_be_bytes(pos)).unwrap_or(usize::MAX);
+                    return Ok(Some((position, hash_at(&self.block[at + 24..]))));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn read_block(&mut self, block_no: usize) -> Result<(), Error> {
+        if self.block_no == Some(block_no) {
+            return Ok(());
+        }
+        let first = block_no * BLOCK;
+        let entries = BLOCK.min(self.len - first);
+        self.block.resize(entries * SORTED_ENTRY, 0);
+        self.file
+            .read_exact_at(&mut self.block, (first * SORTED_ENTRY) as u64)
+            .map_err(|e| io_error("reading", e))?;
+        self.block_no = Some(block_no);
+        Ok(())
+    }
+}
+
+/// An arrival entry at `position` as a sorted-file entry.
+fn sorted_entry(entry: &[u8; ENTRY], position: usize) -> [u8; SORTED_ENTRY] {
+    let mut out = [0u8; SORTED_ENTRY];
+    out[..16].copy_from_slice(&entry[..16]);
+    out[16..24].copy_from_slice(&(position as u64).to_be_bytes());
+    out[24..].copy_from_slice(&entry[16..]);
+    out
+}
+
+/// Merges the sorted runs (`lengths` entries each, in file order) into
+/// the sorted file, keeping the first entry of a key stored twice.
+fn merge(runs: &File, lengths: &[u64], total: usize) -> Result<SortedIndex, Error> {
+    let mut cursors = Vec::with_capacity(lengths.len());
+    let mut start = 0u64;
+    for &len in lengths {
+        cursors.push(Cursor::new(start * SORTED_ENTRY as u64, len));
+        start += len;
+    }
+    let file = new_file()?;
+    let mut out = BufWriter::with_capacity(BUFFER, &file);
+    let mut heap = BinaryHeap::with_capacity(cursors.len());
+    for (i, cursor) in cursors.iter_mut().enumerate() {
+        if let Some(entry) = cursor.next(runs)? {
+            heap.push(Reverse((entry, i)));
+        }
+    }
+    let mut directory = Vec::with_capacity(total.div_ceil(BLOCK));
+    let mut len = 0;
+    let mut last: Option<Hash128> = None;
+    while let Some(Reverse((entry, i))) = heap.pop() {
+        if let Some(next) = cursors[i].next(runs)? {
+            heap.push(Reverse((next, i)));
+        }
+        let key = hash_at(&entry);
+        if last == Some(key) {
+            continue;
+        }
+        last = Some(key);
+        if len % BLOCK == 0 {
+            directory.push(key);
+        }
+        out.write_all(&entry).map_err(|e| io_error("writing", e))?;
+        len += 1;
+    }
+    out.flush().map_err(|e| io_error("writing", e))?;
+    drop(out);
+    Ok(SortedIndex {
+        file,
+        len,
+        directory,
+        block: Vec::new(),
+        block_no: None,
+    })
+}
+
+/// Reads one run of the runs file in chunks.
+struct Cursor {
+    offset: u64,
+    left: u64,
+    buffer: Vec<u8>,
+    at: usize,
+}
+
+impl Cursor {
+    fn new(offset: u64, len: u64) -> Cursor {
+        Cursor {
+            offset,
+            left: len,
+            buffer: Vec::new(),
+            at: 0,
+        }
+    }
+
+    fn next(&mut self, file: &File) -> Result<Option<[u8; SORTED_ENTRY]>, Error> {
+        if self.at == self.buffer.len() {
+            if self.left == 0 {
+                return Ok(None);
+            }
+            let entries = self.left.min((BUFFER / SORTED_ENTRY) as u64);
+            let bytes = usize::try_from(entries).unwrap_or(0) * SORTED_ENTRY;
+            self.buffer.resize(bytes, 0);
+            file.read_exact_at(&mut self.buffer, self.offset)
+                .map_err(|e| io_error("reading", e))?;
+            self.offset += bytes as u64;
+            self.left -= entries;
+            self.at = 0;
+        }
+        let mut entry = [0u8; SORTED_ENTRY];
+        entry.copy_from_slice(&self.buffer[self.at..self.at + SORTED_ENTRY]);
+        self.at += SORTED_ENTRY;
+        Ok(Some(entry))
     }
 }
 
