@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """tidemark at scale (issue 24), in one run, at default settings:
 
-    python3 bench/scale.py            # about 25 minutes on 2 cores
-    python3 bench/scale.py --quick    # smaller sizes, about 6 minutes
+    python3 bench/scale.py            # about 5 minutes on 2 cores
+    python3 bench/scale.py --quick    # smaller sizes, about 2 minutes
     python3 bench/scale.py --only small --only queue
 
   small   periods/s of 2,000 periods of 5 rows against the hand-written
