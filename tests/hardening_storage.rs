@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::Connection as _;
 
-use crate::support::{Backend, Env};
+use crate::support::{Backend, Env, FifoWriter};
 
 /// Pipeline `p`: daily UTC periods, one CSV file per day, `batch_size = 500`.
 fn pipeline_p(env: &Env) {
@@ -266,4 +266,51 @@ async fn stopped_holder_frees_its_row_and_is_taken_over_postgres() {
         .await;
     assert_eq!(rows, vec![vec![Some("done".to_string())]]);
     assert_eq!(env.db.count("FROM p").await, 200_010 - 400);
+}
+
+/// A run that reads a slow source for longer than its lease keeps it: the
+/// renewing task starts when the first renewal is due (a third of the
+/// lease after the claim, ADR 0022), so a second run answers held, and the
+/// first ends done on attempt 1.
+async fn slow_source_keeps_its_lease(backend: Backend) {
+    let env = Env::new(backend).await;
+    pipeline_p(&env);
+    let fifo = FifoWriter::create(&env.path("data/2024-01-05.csv"));
+    let args = ["run", "p", "--period", "2024-01-05", "--lease-ttl", "3s"];
+    let holder = env.spawn(&args);
+    fifo.write("id,v\na,1\n");
+    // More than two leases, with the period claimed and its source open.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    env.spawn(&args)
+        .finish(Duration::from_secs(10))
+        .expect_code(75, "a second run while the first still reads its source");
+    fifo.write("b,2\n");
+    fifo.close(Duration::from_secs(10));
+    holder
+        .finish(Duration::from_secs(30))
+        .expect_code(0, "the holder ends done");
+    let runs = env
+        .db
+        .rows(
+            "SELECT CAST(attempt AS TEXT), status FROM _tm_runs
+             WHERE period_start LIKE '2024-01-05%'",
+        )
+        .await;
+    assert_eq!(
+        runs,
+        vec![vec![Some("1".to_string()), Some("done".to_string())]],
+        "one attempt, never taken over"
+    );
+    let rows = env.db.rows("SELECT CAST(COUNT(*) AS TEXT) FROM p").await;
+    assert_eq!(rows[0][0].as_deref(), Some("2"), "both rows loaded");
+}
+
+#[tokio::test]
+async fn slow_source_keeps_its_lease_sqlite() {
+    slow_source_keeps_its_lease(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn slow_source_keeps_its_lease_postgres() {
+    slow_source_keeps_its_lease(Backend::Postgres).await;
 }
