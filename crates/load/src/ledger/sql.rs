@@ -513,18 +513,14 @@ impl Statements {
         let attempt_running = AttemptStatus::Running.as_str();
         let release =
             "lease_owner = NULL, lease_host = NULL, lease_pid = NULL, lease_expires_at = NULL";
+        let insert_run = format!(
+            "INSERT INTO _tm_runs (pipeline, source, export_type, period_start, period_end, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, {now}, {now})
+             ON CONFLICT (pipeline, source, export_type, period_start) DO NOTHING"
+        );
         Statements {
-            insert_run: format!(
-                "INSERT INTO _tm_runs (pipeline, source, export_type, period_start, period_end, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, {now}, {now})
-                 ON CONFLICT (pipeline, source, export_type, period_start) DO NOTHING"
-            ),
-            create_run: format!(
-                "INSERT INTO _tm_runs (pipeline, source, export_type, period_start, period_end, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, {now}, {now})
-                 ON CONFLICT (pipeline, source, export_type, period_start) DO NOTHING
-                 RETURNING {claim_columns}"
-            ),
+            create_run: format!("{insert_run} RETURNING {claim_columns}"),
+            insert_run,
             lock_run: format!(
                 "SELECT {claim_columns} FROM _tm_runs WHERE {run_key}{}",
                 d.skip_locked()
