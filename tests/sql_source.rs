@@ -1,0 +1,453 @@
+//! Databases as sources (issue 22): `transport = "sql"` reading a period's
+//! window from a real PostgreSQL, MariaDB or SQLite source database into
+//! both destinations, through the real binary.
+
+use std::path::Path;
+
+use sqlx::mysql::MySqlConnection;
+use sqlx::postgres::PgConnection;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use sqlx::{Connection as _, Executor as _};
+
+use crate::support::pg::PgDatabase;
+use crate::support::{Backend, Env};
+
+/// The MariaDB test server (`scripts/start-mariadb.sh`).
+const MARIADB_URL: &str = "mysql://root@127.0.0.1:3306";
+
+/// The source database kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Sqlite,
+    Postgres,
+    MariaDb,
+}
+
+/// A source database of one test, dropped with it.
+struct Source {
+    kind: Kind,
+    url: String,
+    _pg: Option<PgDatabase>,
+    mariadb: Option<String>,
+}
+
+impl Source {
+    async fn new(kind: Kind, dir: &Path) -> Source {
+        match kind {
+            Kind::Sqlite => {
+                let path = dir.join("source.db");
+                let options = SqliteConnectOptions::new()
+                    .filename(&path)
+                    .create_if_missing(true);
+                let conn = SqliteConnection::connect_with(&options).await.unwrap();
+                conn.close().await.unwrap();
+                Source {
+                    kind,
+                    url: format!("sqlite://{}", path.display()),
+                    _pg: None,
+                    mariadb: None,
+                }
+            }
+            Kind::Postgres => {
+                let pg = PgDatabase::create("tmsrc").await;
+                Source {
+                    kind,
+                    url: pg.url.clone(),
+                    _pg: Some(pg),
+                    mariadb: None,
+                }
+            }
+            Kind::MariaDb => {
+                let name = format!("tmsrc_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+                let mut admin = MySqlConnection::connect(MARIADB_URL)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("MariaDB at {MARIADB_URL} (scripts/start-mariadb.sh): {e}")
+                    });
+                admin
+                    .execute(format!("CREATE DATABASE {name}").as_str())
+                    .await
+                    .unwrap();
+                admin.close().await.unwrap();
+                Source {
+                    kind,
+                    url: format!("{MARIADB_URL}/{name}"),
+                    _pg: None,
+                    mariadb: Some(name),
+                }
+            }
+        }
+    }
+
+    /// Runs statements separated by `;`.
+    async fn exec(&self, sql: &str) {
+        let statements = sql.split(';').map(str::trim).filter(|s| !s.is_empty());
+        match self.kind {
+            Kind::Sqlite => {
+                let path = self.url.trim_start_matches("sqlite://");
+                let options = SqliteConnectOptions::new().filename(path);
+                let mut c = SqliteConnection::connect_with(&options).await.unwrap();
+                for s in statements {
+                    c.execute(s).await.unwrap_or_else(|e| panic!("{s}: {e}"));
+                }
+                c.close().await.unwrap();
+            }
+            Kind::Postgres => {
+                let mut c = PgConnection::connect(&self.url).await.unwrap();
+                for s in statements {
+                    c.execute(s).await.unwrap_or_else(|e| panic!("{s}: {e}"));
+                }
+                c.close().await.unwrap();
+            }
+            Kind::MariaDb => {
+                let mut c = MySqlConnection::connect(&self.url).await.unwrap();
+                for s in statements {
+                    c.execute(s).await.unwrap_or_else(|e| panic!("{s}: {e}"));
+                }
+                c.close().await.unwrap();
+            }
+        }
+    }
+
+    /// The `orders` table: `created_at` holds instants (UTC where the
+    /// database has no zone).
+    async fn create_orders(&self) {
+        let created = match self.kind {
+            Kind::Sqlite => "TEXT",
+            Kind::Postgres => "TIMESTAMPTZ",
+            Kind::MariaDb => "DATETIME(6)",
+        };
+        self.exec(&format!(
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer VARCHAR(40) NOT NULL, \
+             total DECIMAL(12,2), created_at {created} NOT NULL)"
+        ))
+        .await;
+    }
+
+    /// A UTC instant as a literal of this database.
+    fn instant(&self, utc: &str) -> String {
+        match self.kind {
+            Kind::Postgres => format!("'{utc}+00'"),
+            Kind::Sqlite | Kind::MariaDb => format!("'{utc}'"),
+        }
+    }
+
+    /// Inserts orders `(id, "YYYY-MM-DD HH:MM:SS" UTC)` in one statement.
+    async fn insert(&self, rows: &[(i64, String)]) {
+        for chunk in rows.chunks(500) {
+            let values: Vec<String> = chunk
+                .iter()
+                .map(|(id, at)| {
+                    format!(
+                        "({id}, 'c{id}', {}.{:02}, {})",
+                        id * 3,
+                        id % 100,
+                        self.instant(at)
+                    )
+                })
+                .collect();
+            self.exec(&format!(
+                "INSERT INTO orders (id, customer, total, created_at) VALUES {}",
+                values.join(", ")
+            ))
+            .await;
+        }
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        if let Some(name) = self.mariadb.take() {
+            let _ = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
+                runtime.block_on(async {
+                    let mut admin = MySqlConnection::connect(MARIADB_URL).await.ok()?;
+                    let _ = admin
+                        .execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
+                        .await;
+                    admin.close().await.ok()
+                })
+            })
+            .join();
+        }
+    }
+}
+
+/// The pipeline `shop` reading `orders` of the source in `TM_SQL_SOURCE_URL`.
+fn pipeline(extra_source: &str, timezone: &str) -> String {
+    format!(
+        r#"name = "shop"
+export_type = "orders_daily"
+
+[period]
+granularity = "day"
+timezone = "{timezone}"
+start = "2024-01-01"
+lag = "0s"
+
+[[sources]]
+id = "shop_db"
+transport = "sql"
+url = "${{TM_SQL_SOURCE_URL}}"
+query = """
+select id, customer, total, created_at
+from orders
+where created_at >= :period_start and created_at < :period_end
+"""
+{extra_source}
+
+[fields]
+id = {{ type = "int", required = true }}
+customer = {{ type = "text", required = true }}
+total = {{ type = "decimal" }}
+created_at = {{ type = "timestamptz", required = true }}
+
+[load]
+table = "orders"
+key = ["id"]
+on_missing = "delete"
+max_delete_fraction = 0.5
+batch_size = 5
+
+[retry]
+max_attempts = 3
+base_delay = "10ms"
+max_delay = "50ms"
+"#
+    )
+}
+
+const KEYSET: &str = "resume_key = [\"created_at\", \"id\"]\nchunk_size = 7\ntime_columns = { created_at = \"instant\" }";
+
+async fn env_with(backend: Backend, source: &Source, text: &str) -> Env {
+    let mut env = Env::new(backend).await;
+    env.write("pipelines/shop.toml", text);
+    env.set_var("TM_SQL_SOURCE_URL", &source.url);
+    env
+}
+
+/// January 2024: day `d` has `d % 4 + 2` orders, the first at the day's
+/// very start (a period bound) and the last a second before its end.
+fn january() -> Vec<(i64, String)> {
+    let mut rows = Vec::new();
+    let mut id = 0;
+    for day in 1..=31 {
+        let n = day % 4 + 2;
+        for i in 0..n {
+            id += 1;
+            let time = match i {
+                0 => "00:00:00".to_string(),
+                i if i == n - 1 => "23:59:59".to_string(),
+                i => format!("{:02}:{:02}:00", 1 + i * 3, (id * 7) % 60),
+            };
+            rows.push((id, format!("2024-01-{day:02} {time}")));
+        }
+    }
+    rows
+}
+
+async fn dest_count(env: &Env) -> usize {
+    usize::try_from(env.db.count("FROM orders").await).unwrap()
+}
+
+/// A month of daily periods loads exactly the source's rows of each day;
+/// then a forced re-sync after 3 updates, 2 deletes and 2 inserts in one
+/// day writes exactly those.
+async fn month_then_forced_resync(kind: Kind, backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(kind, dir.path()).await;
+    source.create_orders().await;
+    let rows = january();
+    source.insert(&rows).await;
+    let env = env_with(backend, &source, &pipeline(KEYSET, "UTC")).await;
+    let out = env.tidemark(&[
+        "backfill",
+        "shop",
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2024-01-31",
+    ]);
+    out.expect_code(0, "backfill");
+    assert_eq!(dest_count(&env).await, rows.len(), "{out}");
+    for day in [1, 15, 31] {
+        let period = format!("2024-01-{day:02}");
+        let status = env.status_of("shop", &period).unwrap();
+        let expected = rows
+            .iter()
+            .filter(|(_, at)| at.starts_with(&period))
+            .count();
+        assert_eq!(status["rows_read"], expected as u64, "{period}: {status}");
+        assert_eq!(status["status"], "done", "{status}");
+    }
+    let day15: Vec<i64> = rows
+        .iter()
+        .filter(|(_, at)| at.starts_with("2024-01-15"))
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(day15.len() >= 5, "{day15:?}");
+    // 3 updated, 2 deleted, 2 inserted (one exactly at the period's start).
+    source
+        .exec(&format!(
+            "UPDATE orders SET total = total + 1 WHERE id IN ({}, {}, {}); DELETE FROM orders WHERE id IN ({}, {})",
+            day15[0], day15[1], day15[2], day15[3], day15[4]
+        ))
+        .await;
+    source
+        .insert(&[
+            (9001, "2024-01-15 00:00:00".into()),
+            (9002, "2024-01-15 12:30:00".into()),
+        ])
+        .await;
+    let out = env.tidemark(&["run", "shop", "--period", "2024-01-15", "--force"]);
+    out.expect_code(0, "forced re-sync");
+    let result = out.json();
+    assert_eq!(result["rows_updated"], 3, "{out}");
+    assert_eq!(result["rows_deleted"], 2, "{out}");
+    assert_eq!(result["rows_inserted"], 2, "{out}");
+    assert_eq!(result["rows_unchanged"], (day15.len() - 5) as u64, "{out}");
+    assert_eq!(dest_count(&env).await, rows.len(), "{out}");
+    let totals = env
+        .db
+        .rows(&format!(
+            "SELECT CAST(total AS TEXT) FROM orders WHERE id = {}",
+            day15[0]
+        ))
+        .await;
+    let total: f64 = totals[0][0].as_deref().unwrap().parse().unwrap();
+    assert!((total - (day15[0] * 3 + 1) as f64 - (day15[0] % 100) as f64 / 100.0).abs() < 1e-9);
+}
+
+#[tokio::test]
+async fn sqlite_source_month_into_sqlite_then_forced_resync() {
+    month_then_forced_resync(Kind::Sqlite, Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn sqlite_source_month_into_postgres_then_forced_resync() {
+    month_then_forced_resync(Kind::Sqlite, Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn postgres_source_month_into_sqlite_then_forced_resync() {
+    month_then_forced_resync(Kind::Postgres, Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn postgres_source_month_into_postgres_then_forced_resync() {
+    month_then_forced_resync(Kind::Postgres, Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn mariadb_source_month_into_sqlite_then_forced_resync() {
+    month_then_forced_resync(Kind::MariaDb, Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn mariadb_source_month_into_postgres_then_forced_resync() {
+    month_then_forced_resync(Kind::MariaDb, Backend::Postgres).await;
+}
+
+/// Without `resume_key` the period is one snapshot: the same rows.
+#[tokio::test]
+async fn without_resume_key_a_period_is_read_in_one_snapshot() {
+    for kind in [Kind::Sqlite, Kind::Postgres, Kind::MariaDb] {
+        let dir = tempfile::tempdir().unwrap();
+        let source = Source::new(kind, dir.path()).await;
+        source.create_orders().await;
+        let rows = january();
+        source.insert(&rows).await;
+        let env = env_with(Backend::Sqlite, &source, &pipeline("", "UTC")).await;
+        let out = env.tidemark(&[
+            "backfill",
+            "shop",
+            "--from",
+            "2024-01-01",
+            "--to",
+            "2024-01-10",
+        ]);
+        out.expect_code(0, "backfill");
+        let expected = rows
+            .iter()
+            .filter(|(_, at)| at.as_str() < "2024-01-11")
+            .count();
+        assert_eq!(dest_count(&env).await, expected, "{kind:?}: {out}");
+    }
+}
+
+/// 50 rows share one `created_at` across chunk boundaries (chunk_size 7):
+/// all 50 load with the tie-breaker; without it the key is refused,
+/// naming it, and nothing is written.
+#[tokio::test]
+async fn fifty_ties_across_chunks_load_and_a_key_without_tie_breaker_is_refused() {
+    for kind in [Kind::Sqlite, Kind::Postgres, Kind::MariaDb] {
+        let dir = tempfile::tempdir().unwrap();
+        let source = Source::new(kind, dir.path()).await;
+        source.create_orders().await;
+        let mut rows: Vec<(i64, String)> = (1..=50)
+            .map(|id| (id, "2024-01-05 10:00:00".into()))
+            .collect();
+        rows.push((51, "2024-01-05 09:00:00".into()));
+        rows.push((52, "2024-01-05 11:00:00".into()));
+        source.insert(&rows).await;
+        let env = env_with(Backend::Sqlite, &source, &pipeline(KEYSET, "UTC")).await;
+        let out = env.tidemark(&["run", "shop", "--period", "2024-01-05"]);
+        out.expect_code(0, "run with the tie-breaker");
+        assert_eq!(out.json()["rows_read"], 52, "{kind:?}: {out}");
+        assert_eq!(dest_count(&env).await, 52);
+
+        let lone = KEYSET.replace("[\"created_at\", \"id\"]", "[\"created_at\"]");
+        let env = env_with(Backend::Sqlite, &source, &pipeline(&lone, "UTC")).await;
+        let out = env.tidemark(&["run", "shop", "--period", "2024-01-05"]);
+        out.expect_code(1, "run without the tie-breaker");
+        let status = env.status_of("shop", "2024-01-05").unwrap();
+        assert_eq!(status["error_class"], "config", "{status}");
+        assert_eq!(status["attempts"], 1, "{status}");
+        let message = status["error_message"].as_str().unwrap();
+        assert!(
+            message.contains("sources[0].resume_key") && message.contains("not unique"),
+            "{message}"
+        );
+        assert_eq!(dest_count(&env).await, 0, "{kind:?}: nothing written");
+    }
+}
+
+/// A syntax error: one attempt, class `config`, exit 1. An unknown column
+/// in the query, or one `[fields]` reads that the result lacks: class
+/// `contract`, nothing written.
+#[tokio::test]
+async fn syntax_errors_are_config_and_unknown_columns_are_contract() {
+    for kind in [Kind::Sqlite, Kind::Postgres, Kind::MariaDb] {
+        let dir = tempfile::tempdir().unwrap();
+        let source = Source::new(kind, dir.path()).await;
+        source.create_orders().await;
+        source.insert(&january()).await;
+        let cases = [
+            (
+                "selec id, customer, total, created_at\nfrom orders",
+                "config",
+            ),
+            (
+                "select id, customer, totl as total, created_at\nfrom orders",
+                "contract",
+            ),
+            ("select id, total, created_at\nfrom orders", "contract"),
+        ];
+        for (to, class) in cases {
+            let text = pipeline(KEYSET, "UTC")
+                .replace("select id, customer, total, created_at\nfrom orders", to);
+            assert!(text.contains(to), "{text}");
+            let env = env_with(Backend::Sqlite, &source, &text).await;
+            let out = env.tidemark(&["run", "shop", "--period", "2024-01-05"]);
+            out.expect_code(1, to);
+            let status = env.status_of("shop", "2024-01-05").unwrap();
+            assert_eq!(status["error_class"], class, "{kind:?} {to}: {status}");
+            assert_eq!(status["attempts"], 1, "{kind:?} {to}: {status}");
+            assert_eq!(status["rows_read"], 0, "{status}");
+            assert!(!env.db.table_exists("orders").await || dest_count(&env).await == 0);
+        }
+    }
+}
