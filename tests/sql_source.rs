@@ -3,6 +3,7 @@
 //! both destinations, through the real binary.
 
 use std::path::Path;
+use std::time::Duration;
 
 use sqlx::mysql::MySqlConnection;
 use sqlx::postgres::PgConnection;
@@ -450,4 +451,414 @@ async fn syntax_errors_are_config_and_unknown_columns_are_contract() {
             assert!(!env.db.table_exists("orders").await || dest_count(&env).await == 0);
         }
     }
+}
+
+/// The PostgreSQL test server as another user (trust auth: any password).
+fn pg_url_as(source: &Source, user_and_password: &str) -> String {
+    source.url.replacen(
+        "postgres://postgres@",
+        &format!("postgres://{user_and_password}@"),
+        1,
+    )
+}
+
+/// The URL's password, written literally or through `${…}`, appears in
+/// no output, ledger entry or database file, on success and on failure.
+#[tokio::test]
+async fn the_url_password_appears_nowhere() {
+    const PASSWORD: &str = "Pw-only-in-url-7731";
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::Postgres, dir.path()).await;
+    source.create_orders().await;
+    source.insert(&january()).await;
+    let literal = pg_url_as(&source, &format!("postgres:{PASSWORD}"));
+    for (name, url_key, query) in [
+        ("literal, failing", literal.as_str(), "selec id"),
+        ("literal, loading", literal.as_str(), "select id"),
+        ("env, failing", "${TM_SQL_SOURCE_URL}", "selec id"),
+    ] {
+        let text = pipeline(KEYSET, "UTC")
+            .replace("${TM_SQL_SOURCE_URL}", url_key)
+            .replace("select id", query);
+        let mut env = Env::new(Backend::Sqlite).await;
+        env.write("pipelines/shop.toml", &text);
+        env.set_var("TM_SQL_SOURCE_URL", &literal);
+        let out = env.tidemark_env(
+            &[("TIDEMARK_LOG", "debug")],
+            &["run", "shop", "--period", "2024-01-05"],
+        );
+        let failing = query.starts_with("selec ");
+        out.expect_code(if failing { 1 } else { 0 }, name);
+        let status = env.tidemark(&["status", "shop", "--json", "--period", "2024-01-05"]);
+        let ledger = env.db.sqlite_bytes();
+        let everywhere = format!(
+            "{}{}{}{}",
+            out.stdout, out.stderr, status.stdout, status.stderr
+        );
+        assert!(!everywhere.contains(PASSWORD), "{name}: {out}\n{status}");
+        assert!(
+            !ledger
+                .windows(PASSWORD.len())
+                .any(|w| w == PASSWORD.as_bytes()),
+            "{name}: the password is in the database file"
+        );
+        if failing {
+            let entry = env.status_of("shop", "2024-01-05").unwrap();
+            let message = entry["error_message"].as_str().unwrap();
+            assert!(message.contains("syntax"), "{name}: {message}");
+            assert!(
+                message.contains("***"),
+                "{name}: the URL is shown redacted: {message}"
+            );
+        }
+    }
+}
+
+/// The source role may only SELECT (a write of its own is refused, so any
+/// write tidemark tried would fail the run): the month still loads.
+#[tokio::test]
+async fn a_source_role_with_only_select_is_enough() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::Postgres, dir.path()).await;
+    source.create_orders().await;
+    let rows = january();
+    source.insert(&rows).await;
+    let role = format!("tm_ro_{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let db = source._pg.as_ref().unwrap().name.clone();
+    source
+        .exec(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT CONNECT ON DATABASE \"{db}\" TO {role}; \
+             GRANT USAGE ON SCHEMA public TO {role}; GRANT SELECT ON orders TO {role}"
+        ))
+        .await;
+    let reader_url = pg_url_as(&source, &role);
+    let mut reader = PgConnection::connect(&reader_url).await.unwrap();
+    let refused = reader.execute("DELETE FROM orders WHERE id = 1").await;
+    assert!(refused.is_err(), "the role must not be able to write");
+    reader.close().await.unwrap();
+
+    let mut env = Env::new(Backend::Postgres).await;
+    env.write("pipelines/shop.toml", &pipeline(KEYSET, "UTC"));
+    env.set_var("TM_SQL_SOURCE_URL", &reader_url);
+    let out = env.tidemark(&[
+        "backfill",
+        "shop",
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2024-01-31",
+    ]);
+    drop(source);
+    let mut admin = PgConnection::connect(&crate::support::pg::admin_url())
+        .await
+        .unwrap();
+    let _ = admin
+        .execute(format!("DROP ROLE IF EXISTS {role}").as_str())
+        .await;
+    let _ = admin.close().await;
+    out.expect_code(0, "backfill as a SELECT-only role");
+    assert_eq!(dest_count(&env).await, rows.len());
+}
+
+/// Europe/Berlin's 23 h and 25 h days, a `timestamp` column read as wall
+/// clock and a `timestamptz` column as instants, with rows exactly at the
+/// period bounds: each row lands in exactly one period, none lost.
+#[tokio::test]
+async fn dst_days_with_wall_clock_and_instant_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::Postgres, dir.path()).await;
+    // Local wall-clock times (wall table) and instants (instant table).
+    let wall = [
+        "2024-03-30 00:00:00",
+        "2024-03-30 23:59:59.999999",
+        "2024-03-31 00:00:00",
+        "2024-03-31 01:59:59",
+        "2024-03-31 03:00:00",
+        "2024-03-31 23:59:59",
+        "2024-04-01 00:00:00",
+        "2024-10-26 00:00:00",
+        "2024-10-27 00:00:00",
+        "2024-10-27 02:30:00",
+        "2024-10-27 23:59:59.999999",
+        "2024-10-28 00:00:00",
+        "2024-10-28 23:59:59",
+    ];
+    // UTC instants; the local day in Berlin follows each.
+    let instants = [
+        ("2024-03-29 23:00:00", "2024-03-30"), // local midnight (+01)
+        ("2024-03-30 22:59:59", "2024-03-30"),
+        ("2024-03-30 23:00:00", "2024-03-31"), // the 23 h day starts
+        ("2024-03-31 00:59:59", "2024-03-31"), // 01:59:59 +01
+        ("2024-03-31 01:00:00", "2024-03-31"), // 03:00 +02
+        ("2024-03-31 21:59:59", "2024-03-31"),
+        ("2024-03-31 22:00:00", "2024-04-01"), // local midnight (+02)
+        ("2024-10-25 22:00:00", "2024-10-26"),
+        ("2024-10-26 22:00:00", "2024-10-27"), // the 25 h day starts
+        ("2024-10-27 00:30:00", "2024-10-27"), // 02:30 +02
+        ("2024-10-27 01:30:00", "2024-10-27"), // 02:30 +01, the repeated hour
+        ("2024-10-27 22:59:59", "2024-10-27"),
+        ("2024-10-27 23:00:00", "2024-10-28"), // local midnight (+01)
+    ];
+    let wall_values: Vec<String> = wall
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("({i}, '{t}')"))
+        .collect();
+    let instant_values: Vec<String> = instants
+        .iter()
+        .enumerate()
+        .map(|(i, (t, _))| format!("({i}, '{t}+00')"))
+        .collect();
+    source
+        .exec(&format!(
+            "CREATE TABLE ev_wall (id INT PRIMARY KEY, at TIMESTAMP NOT NULL); \
+             CREATE TABLE ev_inst (id INT PRIMARY KEY, at TIMESTAMPTZ NOT NULL); \
+             INSERT INTO ev_wall VALUES {}; INSERT INTO ev_inst VALUES {}",
+            wall_values.join(", "),
+            instant_values.join(", ")
+        ))
+        .await;
+    let mut env = Env::new(Backend::Sqlite).await;
+    env.set_var("TM_SQL_SOURCE_URL", &source.url);
+    for (name, table, kind, ty) in [
+        ("wall", "ev_wall", "wall_clock", "timestamp"),
+        ("inst", "ev_inst", "instant", "timestamptz"),
+    ] {
+        env.write(
+            format!("pipelines/{name}.toml"),
+            &format!(
+                r#"name = "{name}"
+export_type = "events"
+[period]
+granularity = "day"
+timezone = "Europe/Berlin"
+start = "2024-01-01"
+lag = "0s"
+[[sources]]
+id = "db"
+transport = "sql"
+url = "${{TM_SQL_SOURCE_URL}}"
+query = "select id, at from {table} where at >= :period_start and at < :period_end"
+resume_key = ["at", "id"]
+chunk_size = 2
+time_columns = {{ at = "{kind}" }}
+[fields]
+id = {{ type = "int", required = true }}
+at = {{ type = "{ty}", required = true }}
+[load]
+table = "{table}"
+key = ["id"]
+"#
+            ),
+        );
+        for (from, to) in [("2024-03-30", "2024-04-01"), ("2024-10-26", "2024-10-28")] {
+            env.tidemark(&["backfill", name, "--from", from, "--to", to])
+                .expect_code(0, name);
+        }
+    }
+    let days = [
+        "2024-03-30",
+        "2024-03-31",
+        "2024-04-01",
+        "2024-10-26",
+        "2024-10-27",
+        "2024-10-28",
+    ];
+    for day in days {
+        let wall_expected = wall.iter().filter(|t| t.starts_with(day)).count();
+        let inst_expected = instants.iter().filter(|(_, d)| *d == day).count();
+        let wall_status = env.status_of("wall", day).unwrap();
+        let inst_status = env.status_of("inst", day).unwrap();
+        assert_eq!(
+            wall_status["rows_read"], wall_expected as u64,
+            "wall {day}: {wall_status}"
+        );
+        assert_eq!(
+            inst_status["rows_read"], inst_expected as u64,
+            "instant {day}: {inst_status}"
+        );
+    }
+    let loaded = |table: &str| format!("FROM {table}");
+    let len = |n: usize| i64::try_from(n).unwrap();
+    assert_eq!(env.db.count(&loaded("ev_wall")).await, len(wall.len()));
+    assert_eq!(env.db.count(&loaded("ev_inst")).await, len(instants.len()));
+    // The repeated hour's two instants are two rows of the 25 h day.
+    let repeated = env
+        .db
+        .rows("SELECT CAST(at AS TEXT) FROM ev_inst WHERE id IN (9, 10) ORDER BY id")
+        .await;
+    assert_eq!(repeated.len(), 2, "{repeated:?}");
+    assert_ne!(repeated[0][0], repeated[1][0], "{repeated:?}");
+}
+
+/// `kill -9` after the third committed chunk, then a new run: its first
+/// statement continues after the checkpoint's key (tidemark's statement
+/// log at debug), and the end state is that of an uninterrupted run.
+#[tokio::test]
+async fn kill_9_after_the_third_chunk_resumes_after_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::Postgres, dir.path()).await;
+    source.create_orders().await;
+    let rows: Vec<(i64, String)> = (1..=60)
+        .map(|id| {
+            (
+                id,
+                format!("2024-01-05 {:02}:{:02}:00", id / 60 + 8, id % 60),
+            )
+        })
+        .collect();
+    source.insert(&rows).await;
+    // Every row read costs 20 ms, so a chunk takes about a second.
+    source
+        .exec("CREATE FUNCTION tm_slow() RETURNS boolean LANGUAGE sql VOLATILE AS 'SELECT true FROM pg_sleep(0.02)'")
+        .await;
+    let text = pipeline(
+        "resume_key = [\"created_at\", \"id\"]\nchunk_size = 10",
+        "UTC",
+    )
+    .replace(
+        "created_at < :period_end",
+        "created_at < :period_end and tm_slow()",
+    )
+    .replace("batch_size = 5", "batch_size = 10");
+    let env = env_with(Backend::Postgres, &source, &text).await;
+    env.tidemark(&["migrate"]).expect_code(0, "migrate");
+    let run = env.spawn(&["run", "shop", "--period", "2024-01-05"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let batches = if env.db.table_exists("_tm_runs").await {
+            env.db.select(&["batches"], "FROM _tm_runs").await
+        } else {
+            Vec::new()
+        };
+        if batches.first().and_then(|r| r[0].as_deref()) == Some("3") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "3 chunks were not committed: {batches:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    run.kill9();
+    let committed = dest_count(&env).await;
+    assert_eq!(
+        committed, 30,
+        "three chunks of 10 committed before the kill"
+    );
+
+    let out = env.tidemark_env(
+        &[("TIDEMARK_LOG", "tidemark_extract=debug")],
+        &["run", "shop", "--period", "2024-01-05"],
+    );
+    out.expect_code(0, "run after kill -9");
+    let chunks: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("sql source: reading a chunk"))
+        .collect();
+    assert!(
+        chunks
+            .first()
+            .is_some_and(|l| l.contains("2024-01-05T08:30:00Z") && l.contains(", 30)")),
+        "the first statement continues after the 30th row's key:\n{out}"
+    );
+    // Chunks 4, 5 and 6; the 6th, with fewer than chunk_size + 1 rows, is
+    // known to be the last.
+    assert_eq!(chunks.len(), 3, "{out}");
+    assert_eq!(dest_count(&env).await, 60);
+    let status = env.status_of("shop", "2024-01-05").unwrap();
+    assert_eq!(status["status"], "done", "{status}");
+}
+
+/// `validate --check-source` shows the first mapped row; `--dry-run`
+/// never connects to the source (here: nothing listens).
+#[tokio::test]
+async fn validate_shows_the_first_row_and_dry_run_never_connects() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::Sqlite, dir.path()).await;
+    source.create_orders().await;
+    source.insert(&january()).await;
+    let mut env = env_with(Backend::Sqlite, &source, &pipeline(KEYSET, "UTC")).await;
+    let out = env.tidemark(&[
+        "validate",
+        "shop",
+        "--check-source",
+        "--period",
+        "2024-01-05",
+    ]);
+    out.expect_code(0, "validate --check-source");
+    assert!(out.stdout.contains("source shop_db: 3 record(s)"), "{out}");
+    assert!(out.stdout.contains("customer = c"), "{out}");
+    assert!(
+        out.stdout.contains("created_at = 2024-01-05T00:00:00"),
+        "{out}"
+    );
+
+    env.set_var("TM_SQL_SOURCE_URL", "postgres://postgres@127.0.0.1:1/none");
+    let out = env.tidemark(&["run", "shop", "--period", "2024-01-05", "--dry-run"]);
+    out.expect_code(0, "dry run");
+    let out = env.tidemark(&[
+        "validate",
+        "shop",
+        "--check-source",
+        "--period",
+        "2024-01-05",
+    ]);
+    out.expect_code(1, "validate --check-source against nothing");
+}
+
+/// A refused connection is transient: retried up to `max_attempts`, then
+/// failed as `source`, naming the URL (which has no password to hide).
+#[tokio::test]
+async fn a_refused_connection_is_retried() {
+    let mut env = Env::new(Backend::Sqlite).await;
+    env.write("pipelines/shop.toml", &pipeline(KEYSET, "UTC"));
+    env.set_var("TM_SQL_SOURCE_URL", "postgres://postgres@127.0.0.1:1/none");
+    let out = env.tidemark(&["run", "shop", "--period", "2024-01-05"]);
+    out.expect_code(1, "run against nothing");
+    let status = env.status_of("shop", "2024-01-05").unwrap();
+    assert_eq!(status["error_class"], "source", "{status}");
+    let message = status["error_message"].as_str().unwrap();
+    assert!(
+        message.contains("postgres://postgres@127.0.0.1:1/none") && message.contains("refused"),
+        "{message}"
+    );
+    let retries = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("retrying"))
+        .count();
+    assert_eq!(retries, 2, "max_attempts = 3: two retries\n{out}");
+}
+
+/// `count_query` gives `rows_expected`; a count that disagrees fails the
+/// period as `incomplete`.
+#[tokio::test]
+async fn count_query_checks_completeness() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::MariaDb, dir.path()).await;
+    source.create_orders().await;
+    source.insert(&january()).await;
+    let count = "count_query = \"select count(*) from orders where created_at >= :period_start and created_at < :period_end\"";
+    let env = env_with(
+        Backend::Sqlite,
+        &source,
+        &pipeline(&format!("{KEYSET}\n{count}"), "UTC"),
+    )
+    .await;
+    let out = env.tidemark(&["run", "shop", "--period", "2024-01-05"]);
+    out.expect_code(0, "run");
+    assert_eq!(out.json()["rows_expected"], 3, "{out}");
+    let wrong = count.replace("count(*)", "count(*) + 1");
+    let env = env_with(
+        Backend::Sqlite,
+        &source,
+        &pipeline(&format!("{KEYSET}\n{wrong}"), "UTC"),
+    )
+    .await;
+    let out = env.tidemark(&["run", "shop", "--period", "2024-01-05"]);
+    out.expect_code(1, "run with a wrong count");
+    let status = env.status_of("shop", "2024-01-05").unwrap();
+    assert_eq!(status["error_class"], "incomplete", "{status}");
 }

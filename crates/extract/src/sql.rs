@@ -172,22 +172,8 @@ impl Plan {
         let url = template
             .render(&ctx)
             .map_err(|e| Error::config(&file, format!("{at}.url"), e.to_string()))?;
-        let mut secrets = Secrets::from_templates([&template]);
-        let resource = match url::Url::parse(&url) {
-            Ok(mut parsed) if parsed.password().is_some() => {
-                if let Some(password) = parsed.password() {
-                    let decoded = percent_encoding::percent_decode_str(password)
-                        .decode_utf8_lossy()
-                        .into_owned();
-                    secrets.add("url password", &decoded);
-                    secrets.add("url password, encoded", password);
-                }
-                let _ = parsed.set_password(Some(crate::http::secrets::REDACTED));
-                parsed.to_string()
-            }
-            _ => url.clone(),
-        };
-        let resource: Arc<str> = Arc::from(secrets.redact(&resource).as_ref());
+        let mut secrets = Secrets::default();
+        let resource = shown_url(&url, &mut secrets);
         let split = |key: &str, text: &str| {
             split_query(text).map_err(|e| Error::config(&file, format!("{at}.{key}"), e))
         };
@@ -606,6 +592,48 @@ impl Plan {
             FailureKind::Permanent => Error::source_permanent(message),
         }
     }
+}
+
+/// The URL as shown in origins and messages: scheme, user, host, port
+/// and database, never the password nor the query's options. The
+/// password (also one given as a `password` option) is the URL's secret,
+/// whether written literally or in a `${…}` value: it joins the source's
+/// secrets, which every message passes, in case a driver quotes it. The
+/// rest of the URL is shown, so an operator sees which server failed.
+fn shown_url(url: &str, secrets: &mut Secrets) -> Arc<str> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        // Not a URL tidemark can take apart: all of it is secret.
+        secrets.add("url", url);
+        return Arc::from(crate::http::secrets::REDACTED);
+    };
+    let passwords = parsed.password().into_iter().map(str::to_string).chain(
+        parsed
+            .query_pairs()
+            .filter(|(k, _)| k.contains("password"))
+            .map(|(_, v)| v.into_owned()),
+    );
+    // Named apart: a name is added once.
+    for (i, password) in passwords.enumerate() {
+        let decoded = percent_encoding::percent_decode_str(&password)
+            .decode_utf8_lossy()
+            .into_owned();
+        secrets.add(&format!("url password {i}"), &decoded);
+        secrets.add(&format!("url password {i}, encoded"), &password);
+    }
+    let mut shown = format!("{}://", parsed.scheme());
+    if !parsed.username().is_empty() {
+        shown.push_str(parsed.username());
+        if parsed.password().is_some() {
+            shown.push_str(":***");
+        }
+        shown.push('@');
+    }
+    shown.push_str(parsed.host_str().unwrap_or_default());
+    if let Some(port) = parsed.port() {
+        shown.push_str(&format!(":{port}"));
+    }
+    shown.push_str(parsed.path());
+    Arc::from(shown.as_str())
 }
 
 /// A key as shown in messages and logs: `("2024-01-01T10:00:00Z", 7)`.

@@ -166,9 +166,11 @@ pub fn split_query(query: &str) -> Result<Vec<SqlPiece>, String> {
                 let param = match name.as_str() {
                     "period_start" => SqlParam::PeriodStart,
                     "period_end" => SqlParam::PeriodEnd,
-                    other => return Err(format!(
+                    other => {
+                        return Err(format!(
                         "unknown parameter :{other}; only :period_start and :period_end are bound"
-                    )),
+                    ))
+                    }
                 };
                 for _ in 0..name.chars().count() {
                     chars.next();

@@ -114,7 +114,8 @@ mod tests {
         );
         assert_eq!(
             Cell::Timestamptz(instant).into_time(TimeKind::WallClock, berlin),
-            Cell::Timestamp(naive + chrono::Duration::hours(1))
+            // 01:30 UTC on the day Berlin moves to summer time (at 01:00 UTC).
+            Cell::Timestamp(naive + chrono::Duration::hours(2))
         );
         assert_eq!(
             Cell::Text("soon".into()).into_time(TimeKind::WallClock, berlin),
