@@ -862,3 +862,142 @@ async fn count_query_checks_completeness() {
     let status = env.status_of("shop", "2024-01-05").unwrap();
     assert_eq!(status["error_class"], "incomplete", "{status}");
 }
+
+/// A query that would write is refused by the database: in a read-only
+/// transaction (one snapshot), or inside the keyset wrapper (PostgreSQL
+/// allows a data-modifying WITH only at the top level). Class `config`,
+/// one attempt, the source untouched.
+#[tokio::test]
+async fn a_query_that_would_write_is_refused_by_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::Postgres, dir.path()).await;
+    source.create_orders().await;
+    let rows = january();
+    source.insert(&rows).await;
+    for (extra, says) in [("", "read-only"), (KEYSET, "top level")] {
+        let text = pipeline(extra, "UTC").replace(
+            "select id, customer, total, created_at\nfrom orders\nwhere created_at >= :period_start and created_at < :period_end",
+            "with gone as (delete from orders where created_at >= :period_start and created_at < :period_end \
+             returning id, customer, total, created_at) select * from gone",
+        );
+        assert!(text.contains("delete from orders"), "{text}");
+        let env = env_with(Backend::Sqlite, &source, &text).await;
+        let out = env.tidemark(&["run", "shop", "--period", "2024-01-05"]);
+        out.expect_code(1, "a writing query");
+        let status = env.status_of("shop", "2024-01-05").unwrap();
+        assert_eq!(status["error_class"], "config", "{status}");
+        assert_eq!(status["attempts"], 1, "{status}");
+        assert!(
+            status["error_message"].as_str().unwrap().contains(says),
+            "{status}"
+        );
+        let mut c = PgConnection::connect(&source.url).await.unwrap();
+        let (left,): (i64,) = sqlx::query_as("SELECT count(*) FROM orders")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        c.close().await.unwrap();
+        assert_eq!(
+            usize::try_from(left).unwrap(),
+            rows.len(),
+            "nothing deleted"
+        );
+    }
+}
+
+/// 80 % of a loaded day deleted at the source, or all of it: the delete
+/// guard refuses the forced re-sync, as for files; nothing is deleted.
+#[tokio::test]
+async fn the_delete_guard_refuses_a_source_mostly_or_wholly_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::Sqlite, dir.path()).await;
+    source.create_orders().await;
+    let rows = january();
+    source.insert(&rows).await;
+    let env = env_with(Backend::Sqlite, &source, &pipeline(KEYSET, "UTC")).await;
+    env.tidemark(&[
+        "backfill",
+        "shop",
+        "--from",
+        "2024-01-15",
+        "--to",
+        "2024-01-16",
+    ])
+    .expect_code(0, "backfill");
+    // Day 15 has 5 orders (15 % 4 + 2): 4 deleted is 80 %; day 16 emptied.
+    let day15: Vec<i64> = rows
+        .iter()
+        .filter(|(_, at)| at.starts_with("2024-01-15"))
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(day15.len(), 5);
+    source
+        .exec(&format!(
+            "DELETE FROM orders WHERE id IN ({}, {}, {}, {}); DELETE FROM orders WHERE created_at LIKE '2024-01-16%'",
+            day15[0], day15[1], day15[2], day15[3]
+        ))
+        .await;
+    let loaded = dest_count(&env).await;
+    for day in ["2024-01-15", "2024-01-16"] {
+        let out = env.tidemark(&["run", "shop", "--period", day, "--force"]);
+        out.expect_code(1, day);
+        let status = env.status_of("shop", day).unwrap();
+        assert_eq!(status["error_class"], "invariant", "{day}: {status}");
+    }
+    assert_eq!(dest_count(&env).await, loaded, "nothing deleted");
+}
+
+/// A row committed late into a closed window (its transaction was open
+/// during the period's first run, with an earlier `created_at`): the next
+/// `sync` with `lookback = 1` reads the window again and loads it.
+#[tokio::test]
+async fn a_row_committed_late_into_a_closed_window_is_loaded_by_lookback() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::Postgres, dir.path()).await;
+    source.create_orders().await;
+    let today = chrono::Utc::now().date_naive();
+    let day = |n: i64| {
+        (today - chrono::Duration::days(n))
+            .format("%Y-%m-%d")
+            .to_string()
+    };
+    source
+        .insert(&[
+            (1, format!("{} 10:00:00", day(2))),
+            (2, format!("{} 09:00:00", day(1))),
+        ])
+        .await;
+    let text = pipeline(KEYSET, "UTC").replace(
+        "start = \"2024-01-01\"",
+        &format!("start = \"{}\"\nlookback = 1", day(2)),
+    );
+    let env = env_with(Backend::Sqlite, &source, &text).await;
+    // Open, not committed: invisible to the first sync.
+    let mut late = PgConnection::connect(&source.url).await.unwrap();
+    late.execute("BEGIN").await.unwrap();
+    late.execute(
+        format!(
+            "INSERT INTO orders VALUES (3, 'late', 1.00, '{} 08:00:00+00')",
+            day(1)
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
+    env.tidemark(&["sync", "shop"]).expect_code(0, "first sync");
+    assert_eq!(
+        dest_count(&env).await,
+        2,
+        "the open transaction's row is not visible"
+    );
+    late.execute("COMMIT").await.unwrap();
+    late.close().await.unwrap();
+    env.tidemark(&["sync", "shop"])
+        .expect_code(0, "second sync");
+    assert_eq!(dest_count(&env).await, 3, "lookback read the window again");
+    let late_row = env
+        .db
+        .rows("SELECT CAST(customer AS TEXT) FROM orders WHERE id = 3")
+        .await;
+    assert_eq!(late_row[0][0].as_deref(), Some("late"));
+}

@@ -405,8 +405,14 @@ fn pg_kind(state: &str) -> FailureKind {
         // undefined table, undefined column, undefined function.
         "42P01" | "42703" | "42883" => FailureKind::Drift,
         // syntax and access rules, privileges, login, unknown database,
-        // a write in a read-only transaction.
-        s if s.starts_with("42") || s.starts_with("28") || s == "3D000" || s == "25006" => {
+        // a write in a read-only transaction, a feature the query cannot
+        // use (a data-modifying WITH inside the keyset wrapper).
+        s if s.starts_with("42")
+            || s.starts_with("28")
+            || s == "3D000"
+            || s == "25006"
+            || s == "0A000" =>
+        {
             FailureKind::Config
         }
         _ => FailureKind::Permanent,
