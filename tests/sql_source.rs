@@ -1001,3 +1001,35 @@ async fn a_row_committed_late_into_a_closed_window_is_loaded_by_lookback() {
         .await;
     assert_eq!(late_row[0][0].as_deref(), Some("late"));
 }
+
+/// The shipped example `pipelines/shop.toml` runs as its comment says,
+/// against the SQLite file built from `pipelines/data/shop/shop.sql`.
+#[tokio::test]
+async fn the_shipped_shop_example_loads_its_sqlite_source() {
+    let env = Env::new(Backend::Sqlite).await;
+    env.copy_example("shop");
+    let script = std::fs::read_to_string(env.path("pipelines/data/shop/shop.sql")).unwrap();
+    let options = SqliteConnectOptions::new()
+        .filename(env.path("pipelines/data/shop/shop.db"))
+        .create_if_missing(true);
+    let mut c = SqliteConnection::connect_with(&options).await.unwrap();
+    sqlx::raw_sql(&script).execute(&mut c).await.unwrap();
+    let (rows,): (i64,) = sqlx::query_as("SELECT count(*) FROM orders")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    c.close().await.unwrap();
+    let out = env.tidemark(&[
+        "backfill",
+        "shop",
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2024-01-07",
+    ]);
+    out.expect_code(0, "backfill shop");
+    assert_eq!(env.db.count("FROM shop_orders").await, rows, "{out}");
+    let first = env.status_of("shop", "2024-01-01").unwrap();
+    assert_eq!(first["rows_expected"], 4, "count_query: {first}");
+    assert_eq!(first["rows_read"], 4, "{first}");
+}
