@@ -1033,3 +1033,117 @@ async fn the_shipped_shop_example_loads_its_sqlite_source() {
     assert_eq!(first["rows_expected"], 4, "count_query: {first}");
     assert_eq!(first["rows_read"], 4, "{first}");
 }
+
+/// A TCP proxy on loopback in front of the PostgreSQL test server whose
+/// connections the test can cut, as a source server going away would.
+struct Proxy {
+    port: u16,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(upstream: &'static str) -> Proxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let streams = std::sync::Arc::clone(&open);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = std::net::TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let mut all = streams.lock().unwrap();
+                all.push(client.try_clone().unwrap());
+                all.push(server.try_clone().unwrap());
+                drop(all);
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy { port, open }
+    }
+
+    /// Resets every connection open now; new ones are still accepted.
+    fn cut(&self) {
+        for stream in self.open.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// The source server goes away mid-period (its connections cut after the
+/// third committed chunk): the failure is transient, retried, and the
+/// retry continues after the checkpoint; the end state is complete.
+#[tokio::test]
+async fn a_source_lost_mid_period_is_retried_and_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::Postgres, dir.path()).await;
+    source.create_orders().await;
+    let rows: Vec<(i64, String)> = (1..=60)
+        .map(|id| (id, format!("2024-01-05 08:{:02}:00", id % 60)))
+        .collect();
+    source.insert(&rows).await;
+    source
+        .exec("CREATE FUNCTION tm_slow() RETURNS boolean LANGUAGE sql VOLATILE AS 'SELECT true FROM pg_sleep(0.02)'")
+        .await;
+    let proxy = Proxy::start("127.0.0.1:5432");
+    let via_proxy = source
+        .url
+        .replacen("127.0.0.1:5432", &format!("127.0.0.1:{}", proxy.port), 1);
+    let text = pipeline(
+        "resume_key = [\"created_at\", \"id\"]\nchunk_size = 10",
+        "UTC",
+    )
+    .replace(
+        "created_at < :period_end",
+        "created_at < :period_end and tm_slow()",
+    )
+    .replace("batch_size = 5", "batch_size = 10");
+    let mut env = Env::new(Backend::Postgres).await;
+    env.write("pipelines/shop.toml", &text);
+    env.set_var("TM_SQL_SOURCE_URL", &via_proxy);
+    env.set_var("TIDEMARK_LOG", "tidemark_extract=debug,info");
+    env.tidemark(&["migrate"]).expect_code(0, "migrate");
+    let run = env.spawn(&["run", "shop", "--period", "2024-01-05"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let batches = if env.db.table_exists("_tm_runs").await {
+            env.db.select(&["batches"], "FROM _tm_runs").await
+        } else {
+            Vec::new()
+        };
+        if batches.first().and_then(|r| r[0].as_deref()) == Some("3") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "3 chunks were not committed: {batches:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.cut();
+    let out = run.finish(Duration::from_secs(60));
+    out.expect_code(0, "run with the source lost once");
+    assert!(out.stderr.contains("retrying"), "{out}");
+    let from_start = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("sql source: reading a chunk") && l.contains("the period's start"))
+        .count();
+    assert_eq!(
+        from_start, 1,
+        "the retry continues after the checkpoint:\n{out}"
+    );
+    assert_eq!(dest_count(&env).await, 60);
+    let status = env.status_of("shop", "2024-01-05").unwrap();
+    assert_eq!(status["status"], "done", "{status}");
+    assert_eq!(status["rows_read"], 60, "{status}");
+}
