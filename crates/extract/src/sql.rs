@@ -125,24 +125,36 @@ impl SqlReader {
     }
 }
 
-/// Everything one period's read needs, owned by its task.
+/// Everything one period's read needs, owned by its task (which outlives
+/// the borrow of the pipeline that `open` got).
 struct Plan {
+    /// The pipeline file, for configuration errors.
     file: String,
+    /// `sources[i]`, the key prefix configuration errors name.
     at: String,
+    /// The source's id and the period's label, for every message.
     source: String,
     label: String,
+    /// The rendered URL, secrets and all: only ever handed to the driver.
     url: String,
+    /// The pipeline file's folder, for a relative SQLite path.
     base: PathBuf,
+    /// The URL as shown ([`shown_url`]).
     resource: Arc<str>,
+    /// The URL's password, redacted from every message.
     secrets: Secrets,
     query: Vec<SqlPiece>,
     count_query: Option<Vec<SqlPiece>>,
     resume_key: Vec<String>,
+    /// Rows per keyset chunk and per batch.
     chunk: usize,
     batch: usize,
+    /// `time_columns`, and the timezone a wall clock is read in.
     times: IndexMap<String, TimeKind>,
     tz: Tz,
+    /// The period's start and end, of the kind `time_columns` declares.
     bounds: (Cell, Cell),
+    /// `(column, field)` for each column `[fields]` must find (drift).
     read: Vec<(String, String)>,
     gate: Option<Arc<dyn RateGate>>,
 }
@@ -340,33 +352,8 @@ impl Plan {
         mut after: Option<Vec<Cell>>,
         tx: &mpsc::Sender<Message>,
     ) -> Result<(), Error> {
-        let (inner, query_binds) = self.statement(db, &self.query);
-        let order: Vec<String> = self.resume_key.iter().map(|k| db.quote(k)).collect();
-        let mut chunk_no = 0u64;
         let mut positions: Option<Vec<usize>> = None;
-        loop {
-            chunk_no += 1;
-            let mut binds = query_binds.clone();
-            let mut sql = format!("SELECT * FROM ({inner}) AS _tm_q");
-            if let Some(after) = &after {
-                let holders: Vec<String> = after
-                    .iter()
-                    .map(|cell| {
-                        binds.push(cell.clone());
-                        db.placeholder(binds.len())
-                    })
-                    .collect();
-                sql.push_str(&format!(
-                    " WHERE ({}) > ({})",
-                    order.join(", "),
-                    holders.join(", ")
-                ));
-            }
-            sql.push_str(&format!(
-                " ORDER BY {} LIMIT {}",
-                order.join(", "),
-                self.chunk + 1
-            ));
+        for chunk_no in 1.. {
             tracing::debug!(
                 source = %self.source,
                 period = %self.label,
@@ -374,48 +361,33 @@ impl Plan {
                 after = %after.as_ref().map_or_else(|| "the period's start".to_string(), |k| show_key(k)),
                 "sql source: reading a chunk"
             );
-            self.pass_gate().await?;
-            db.begin().await.map_err(|f| self.error(f, "query"))?;
-            let mut rows = Vec::with_capacity(self.chunk.min(100_000) + 1);
-            {
-                let mut stream = db.fetch(&sql, &binds);
-                while let Some(row) = stream.next().await {
-                    rows.push(row.map_err(|f| self.error(f, "query"))?);
-                }
-            }
-            db.commit().await.map_err(|f| self.error(f, "query"))?;
-            if rows.is_empty() {
+            let (sql, binds) = self.chunk_statement(db, after.as_deref());
+            let mut rows = self.read_chunk(db, &sql, &binds).await?;
+            let Some(first) = rows.first() else {
                 return Ok(());
-            }
+            };
             if positions.is_none() {
-                self.check_columns(&rows[0])?;
-                positions = Some(self.key_positions(&rows[0])?);
+                self.check_columns(first)?;
+                positions = Some(self.key_positions(first)?);
             }
             let positions = positions.as_deref().unwrap_or_default();
             let keys = rows
                 .iter()
                 .map(|row| self.key(row, positions))
                 .collect::<Result<Vec<_>, Error>>()?;
+            // Includes the row past the chunk: a tie across the boundary.
             if let Some(pair) = keys.windows(2).find(|pair| pair[0] == pair[1]) {
                 return Err(self.tie(&pair[0]));
             }
             let last_chunk = rows.len() <= self.chunk;
             rows.truncate(self.chunk);
-            let mut keys = keys.into_iter();
             let mut records = Vec::new();
-            let mut record_no = 0u64;
-            for row in rows {
-                record_no += 1;
-                let key = keys.next().unwrap_or_default();
+            for ((row, key), record_no) in rows.into_iter().zip(keys).zip(1..) {
                 records.push(self.record(row, Some(chunk_no), record_no));
                 after = Some(key);
                 if records.len() >= self.batch {
-                    send(
-                        tx,
-                        std::mem::take(&mut records),
-                        self.checkpoint(after.as_deref()),
-                    )
-                    .await?;
+                    let checkpoint = self.checkpoint(after.as_deref());
+                    send(tx, std::mem::take(&mut records), checkpoint).await?;
                 }
             }
             if !records.is_empty() {
@@ -425,6 +397,48 @@ impl Plan {
                 return Ok(());
             }
         }
+        Ok(())
+    }
+
+    /// `SELECT * FROM (query) AS _tm_q WHERE (keys) > (after) ORDER BY
+    /// keys LIMIT chunk + 1`, and its binds: the query's, then the key's.
+    fn chunk_statement(&self, db: &Db, after: Option<&[Cell]>) -> (String, Vec<Cell>) {
+        let (inner, mut binds) = self.statement(db, &self.query);
+        let order: Vec<String> = self.resume_key.iter().map(|k| db.quote(k)).collect();
+        let order = order.join(", ");
+        let mut sql = format!("SELECT * FROM ({inner}) AS _tm_q");
+        if let Some(after) = after {
+            let holders: Vec<String> = after
+                .iter()
+                .map(|cell| {
+                    binds.push(cell.clone());
+                    db.placeholder(binds.len())
+                })
+                .collect();
+            sql.push_str(&format!(" WHERE ({order}) > ({})", holders.join(", ")));
+        }
+        sql.push_str(&format!(" ORDER BY {order} LIMIT {}", self.chunk + 1));
+        (sql, binds)
+    }
+
+    /// One chunk's rows, read in a read-only transaction of its own.
+    async fn read_chunk(
+        &self,
+        db: &mut Db,
+        sql: &str,
+        binds: &[Cell],
+    ) -> Result<Vec<SqlRow>, Error> {
+        self.pass_gate().await?;
+        db.begin().await.map_err(|f| self.error(f, "query"))?;
+        let mut rows = Vec::with_capacity(self.chunk.min(100_000) + 1);
+        {
+            let mut stream = db.fetch(sql, binds);
+            while let Some(row) = stream.next().await {
+                rows.push(row.map_err(|f| self.error(f, "query"))?);
+            }
+        }
+        db.commit().await.map_err(|f| self.error(f, "query"))?;
+        Ok(rows)
     }
 
     fn checkpoint(&self, after: Option<&[Cell]>) -> Checkpoint {
