@@ -564,9 +564,26 @@ async fn a_source_role_with_only_select_is_enough() {
 /// clock and a `timestamptz` column as instants, with rows exactly at the
 /// period bounds: each row lands in exactly one period, none lost.
 #[tokio::test]
-async fn dst_days_with_wall_clock_and_instant_columns() {
+async fn dst_days_with_wall_clock_and_instant_columns_postgres() {
+    dst_days_with_wall_clock_and_instant_columns(Kind::Postgres).await;
+}
+
+/// The same with MariaDB's `DATETIME` (wall clock) and `TIMESTAMP`.
+#[tokio::test]
+async fn dst_days_with_wall_clock_and_instant_columns_mariadb() {
+    dst_days_with_wall_clock_and_instant_columns(Kind::MariaDb).await;
+}
+
+/// The same with SQLite's text times (wall clock, and UTC instants).
+#[tokio::test]
+async fn dst_days_with_wall_clock_and_instant_columns_sqlite() {
+    dst_days_with_wall_clock_and_instant_columns(Kind::Sqlite).await;
+}
+
+/// The scenario of the three tests above.
+async fn dst_days_with_wall_clock_and_instant_columns(kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
-    let source = Source::new(Kind::Postgres, dir.path()).await;
+    let source = Source::new(kind, dir.path()).await;
     // Local wall-clock times (wall table) and instants (instant table).
     let wall = [
         "2024-03-30 00:00:00",
@@ -607,12 +624,19 @@ async fn dst_days_with_wall_clock_and_instant_columns() {
     let instant_values: Vec<String> = instants
         .iter()
         .enumerate()
-        .map(|(i, (t, _))| format!("({i}, '{t}+00')"))
+        .map(|(i, (t, _))| format!("({i}, {})", source.instant(t)))
         .collect();
+    // MariaDB's TIMESTAMP is an instant (kept in UTC, read in the
+    // session's zone, which sqlx sets to UTC); SQLite keeps text.
+    let (wall_type, instant_type) = match kind {
+        Kind::Postgres => ("TIMESTAMP", "TIMESTAMPTZ"),
+        Kind::MariaDb => ("DATETIME(6)", "TIMESTAMP(6)"),
+        Kind::Sqlite => ("TEXT", "TEXT"),
+    };
     source
         .exec(&format!(
-            "CREATE TABLE ev_wall (id INT PRIMARY KEY, at TIMESTAMP NOT NULL); \
-             CREATE TABLE ev_inst (id INT PRIMARY KEY, at TIMESTAMPTZ NOT NULL); \
+            "CREATE TABLE ev_wall (id INT PRIMARY KEY, at {wall_type} NOT NULL); \
+             CREATE TABLE ev_inst (id INT PRIMARY KEY, at {instant_type} NOT NULL); \
              INSERT INTO ev_wall VALUES {}; INSERT INTO ev_inst VALUES {}",
             wall_values.join(", "),
             instant_values.join(", ")
@@ -1146,4 +1170,38 @@ async fn a_source_lost_mid_period_is_retried_and_resumed() {
     let status = env.status_of("shop", "2024-01-05").unwrap();
     assert_eq!(status["status"], "done", "{status}");
     assert_eq!(status["rows_read"], 60, "{status}");
+}
+
+/// `rate_limit` counts the source's queries: ten one-row chunks at five
+/// queries a second take at least 1.8 s (nine waits of 200 ms).
+#[tokio::test]
+async fn rate_limit_paces_the_queries() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::Sqlite, dir.path()).await;
+    source.create_orders().await;
+    let rows: Vec<(i64, String)> = (1..=10)
+        .map(|id| (id, format!("2024-01-05 10:{id:02}:00")))
+        .collect();
+    source.insert(&rows).await;
+    let text = pipeline(
+        "resume_key = [\"created_at\", \"id\"]\nchunk_size = 1\nrate_limit = { per_second = 5 }",
+        "UTC",
+    );
+    let env = env_with(Backend::Sqlite, &source, &text).await;
+    let started = std::time::Instant::now();
+    let out = env.tidemark(&["run", "shop", "--period", "2024-01-05"]);
+    let took = started.elapsed();
+    out.expect_code(0, "run");
+    assert_eq!(dest_count(&env).await, 10);
+    assert!(took >= Duration::from_millis(1700), "{took:?}\n{out}");
+    let unlimited = pipeline(
+        "resume_key = [\"created_at\", \"id\"]\nchunk_size = 1",
+        "UTC",
+    );
+    let env = env_with(Backend::Sqlite, &source, &unlimited).await;
+    let started = std::time::Instant::now();
+    env.tidemark(&["run", "shop", "--period", "2024-01-05"])
+        .expect_code(0, "run unlimited");
+    eprintln!("rate limited: {took:?}; unlimited: {:?}", started.elapsed());
+    assert!(started.elapsed() < took, "the limit is what took the time");
 }
