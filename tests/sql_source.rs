@@ -1205,3 +1205,34 @@ async fn rate_limit_paces_the_queries() {
     eprintln!("rate limited: {took:?}; unlimited: {:?}", started.elapsed());
     assert!(started.elapsed() < took, "the limit is what took the time");
 }
+
+/// A column of a type its field cannot read (a timestamp into `int`) is a
+/// `contract` error naming both, before anything is written.
+#[tokio::test]
+async fn a_column_its_field_cannot_read_is_contract() {
+    for kind in [Kind::Postgres, Kind::MariaDb] {
+        let dir = tempfile::tempdir().unwrap();
+        let source = Source::new(kind, dir.path()).await;
+        source.create_orders().await;
+        source.insert(&january()).await;
+        let text = pipeline(KEYSET, "UTC").replace(
+            "created_at = { type = \"timestamptz\", required = true }",
+            "created_at = { type = \"int\", required = true }",
+        );
+        assert!(
+            text.contains("type = \"int\", required = true }\n\n[load]"),
+            "{text}"
+        );
+        let env = env_with(Backend::Sqlite, &source, &text).await;
+        let out = env.tidemark(&["run", "shop", "--period", "2024-01-05"]);
+        out.expect_code(1, "run");
+        let status = env.status_of("shop", "2024-01-05").unwrap();
+        assert_eq!(status["error_class"], "contract", "{kind:?}: {status}");
+        let message = status["error_message"].as_str().unwrap();
+        assert!(
+            message.contains("column `created_at`") && message.contains("field `created_at` (int)"),
+            "{message}"
+        );
+        assert!(!env.db.table_exists("orders").await || dest_count(&env).await == 0);
+    }
+}

@@ -32,7 +32,9 @@ use indexmap::IndexMap;
 use serde_json::json;
 use tidemark_core::spec::{split_query, SqlParam, SqlPiece, SqlSourceSpec, TimeKind};
 use tidemark_core::template::TemplateContext;
-use tidemark_core::{Error, Location, Origin, Period, Pipeline, RateGate, RawData, RawRecord};
+use tidemark_core::{
+    Error, FieldType, Location, Origin, Period, Pipeline, RateGate, RawData, RawRecord,
+};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -40,6 +42,13 @@ use crate::http::secrets::Secrets;
 use crate::{Batch, Checkpoint};
 use cell::Cell;
 use dialect::{Db, Failure, FailureKind, SqlRow};
+
+/// A result column `[fields]` reads.
+struct ReadColumn {
+    column: String,
+    field: String,
+    ty: FieldType,
+}
 
 /// The checkpoint format; a checkpoint of another version is stale.
 const CHECKPOINT_VERSION: u64 = 1;
@@ -154,8 +163,8 @@ struct Plan {
     tz: Tz,
     /// The period's start and end, of the kind `time_columns` declares.
     bounds: (Cell, Cell),
-    /// `(column, field)` for each column `[fields]` must find (drift).
-    read: Vec<(String, String)>,
+    /// The columns `[fields]` must find (drift), and their types.
+    read: Vec<ReadColumn>,
     gate: Option<Arc<dyn RateGate>>,
 }
 
@@ -215,7 +224,11 @@ impl Plan {
                 let column = tidemark_core::Selector::parse(from)
                     .csv_column()
                     .to_string();
-                (column, name.clone())
+                ReadColumn {
+                    column,
+                    field: name.clone(),
+                    ty: field.ty,
+                }
             })
             .collect();
         Ok(Plan {
@@ -503,32 +516,55 @@ impl Plan {
         )
     }
 
-    /// Source drift: every column `[fields]` reads must be in the result.
+    /// Source drift, on the first row: every column `[fields]` reads must
+    /// be in the result, of a type its field can read.
     fn check_columns(&self, row: &SqlRow) -> Result<(), Error> {
         let missing: Vec<String> = self
             .read
             .iter()
-            .filter(|(column, _)| !row.columns.iter().any(|c| c == column))
-            .map(|(column, field)| match column == field {
-                true => format!("`{column}`"),
-                false => format!("`{column}` (fields.{field}.from)"),
+            .filter(|c| !row.columns.contains(&c.column))
+            .map(|c| match c.column == c.field {
+                true => format!("`{}`", c.column),
+                false => format!("`{}` (fields.{}.from)", c.column, c.field),
             })
             .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        Err(Error::SourceDrift {
-            location: Location::resource(self.resource.to_string()),
-            message: format!(
-                "source drift: source {}, period {}: the query's result lacks the column(s) {} that \
-                 [fields] reads; its columns are {}. If renamed upstream, point `from` at the new \
-                 name; nothing of this period is written",
-                self.source,
-                self.label,
+        if !missing.is_empty() {
+            return Err(self.drift(format!(
+                "the query's result lacks the column(s) {} that [fields] reads; its columns are {}. \
+                 If renamed upstream, point `from` at the new name",
                 missing.join(", "),
                 row.columns.join(", ")
+            )));
+        }
+        for read in &self.read {
+            let Some(i) = row.columns.iter().position(|c| *c == read.column) else {
+                continue;
+            };
+            let cell = &row.cells[i];
+            if !cell.fits(read.ty) {
+                return Err(self.drift(format!(
+                    "column `{}` holds {}, which field `{}` ({}) cannot read; cast it in the query \
+                     or change the field's type",
+                    read.column,
+                    cell.describe(),
+                    read.field,
+                    read.ty
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A contract error about the result's shape: nothing of the period
+    /// is written.
+    fn drift(&self, what: String) -> Error {
+        Error::SourceDrift {
+            location: Location::resource(self.resource.to_string()),
+            message: format!(
+                "source drift: source {}, period {}: {what}; nothing of this period is written",
+                self.source, self.label
             ),
-        })
+        }
     }
 
     /// A row as a JSON record; time columns read as their kind.

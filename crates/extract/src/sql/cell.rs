@@ -9,6 +9,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use tidemark_core::spec::TimeKind;
+use tidemark_core::FieldType;
 
 /// A decoded value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,6 +61,42 @@ impl Cell {
                 Cell::Timestamp(t.with_timezone(&tz).naive_local())
             }
             (other, _) => other,
+        }
+    }
+
+    /// Whether a field of type `ty` can read the value at all (whether
+    /// this value parses is the field's own check, row by row). Text can
+    /// hold anything (SQLite keeps everything as text), and a NULL says
+    /// nothing.
+    pub(crate) fn fits(&self, ty: FieldType) -> bool {
+        use FieldType as F;
+        match self {
+            Cell::Null | Cell::Text(_) => true,
+            _ if matches!(ty, F::Text | F::Json) => !matches!(self, Cell::Json(_)) || ty == F::Json,
+            Cell::Int(_) => matches!(ty, F::Int | F::Float | F::Decimal | F::Bool),
+            Cell::Float(_) | Cell::Decimal(_) => matches!(ty, F::Int | F::Float | F::Decimal),
+            Cell::Bool(_) => ty == F::Bool,
+            Cell::Date(_) => ty == F::Date,
+            Cell::Timestamp(_) | Cell::Timestamptz(_) => {
+                matches!(ty, F::Timestamp | F::Timestamptz)
+            }
+            Cell::Json(_) => false,
+        }
+    }
+
+    /// What the value is, for messages.
+    pub(crate) fn describe(&self) -> &'static str {
+        match self {
+            Cell::Null => "NULL",
+            Cell::Int(_) => "an integer",
+            Cell::Float(_) => "a float",
+            Cell::Decimal(_) => "a decimal",
+            Cell::Text(_) => "text",
+            Cell::Bool(_) => "a boolean",
+            Cell::Date(_) => "a date",
+            Cell::Timestamp(_) => "a timestamp without zone",
+            Cell::Timestamptz(_) => "an instant (timestamp with zone)",
+            Cell::Json(_) => "JSON",
         }
     }
 
@@ -125,6 +162,26 @@ mod tests {
             Cell::Timestamptz(instant).into_json(),
             Json::String("2026-03-29T01:30:00Z".into())
         );
+    }
+
+    #[test]
+    fn a_field_reads_only_the_kinds_it_can() {
+        let at = Cell::Timestamp(
+            NaiveDate::from_ymd_opt(2026, 1, 2)
+                .unwrap()
+                .and_hms_opt(3, 4, 5)
+                .unwrap(),
+        );
+        assert!(at.fits(FieldType::Timestamptz) && at.fits(FieldType::Text));
+        assert!(!at.fits(FieldType::Int) && !at.fits(FieldType::Date));
+        assert!(Cell::Int(1).fits(FieldType::Decimal) && !Cell::Int(1).fits(FieldType::Date));
+        assert!(
+            Cell::Text("x".into()).fits(FieldType::Int),
+            "text is for the field to judge"
+        );
+        assert!(Cell::Null.fits(FieldType::Bool));
+        let json = Cell::Json(serde_json::json!({"a": 1}));
+        assert!(json.fits(FieldType::Json) && !json.fits(FieldType::Text));
     }
 
     #[test]
