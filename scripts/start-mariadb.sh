@@ -32,9 +32,12 @@ for _ in $(seq 1 60); do
 done
 
 # Debian's root logs in through the Unix socket only: let the tests in
-# over TCP from loopback without a password (a test server, loopback only).
+# over TCP from loopback without a password too (a test server that
+# listens on loopback only). A TCP login from 127.0.0.1 may match
+# 'root'@'localhost' or 'root'@'127.0.0.1', so both accept it.
 if ! ping; then
   $SUDO mariadb -u root <<'SQL'
+ALTER USER 'root'@'localhost' IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket;
 CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
 GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
 FLUSH PRIVILEGES;
