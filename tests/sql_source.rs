@@ -1236,3 +1236,101 @@ async fn a_column_its_field_cannot_read_is_contract() {
         assert!(!env.db.table_exists("orders").await || dest_count(&env).await == 0);
     }
 }
+
+/// Column types map to `[fields]` exactly: a 28-digit decimal stays
+/// exact, JSON stays JSON, booleans, dates, floats and wall-clock times
+/// keep their values; NULLs load as NULL.
+#[tokio::test]
+async fn column_types_map_to_fields_exactly() {
+    for kind in [Kind::Postgres, Kind::MariaDb] {
+        let dir = tempfile::tempdir().unwrap();
+        let source = Source::new(kind, dir.path()).await;
+        let (json, float, time) = match kind {
+            Kind::MariaDb => ("JSON", "DOUBLE", "DATETIME(6)"),
+            _ => ("JSONB", "DOUBLE PRECISION", "TIMESTAMP"),
+        };
+        source
+            .exec(&format!(
+                "CREATE TABLE kinds (id BIGINT PRIMARY KEY, d DECIMAL(28,10), b BOOLEAN, day DATE, \
+                 j {json}, t VARCHAR(20), f {float}, at {time} NOT NULL); \
+                 INSERT INTO kinds VALUES \
+                 (1, 123456789012345678.1234567891, TRUE, '2024-02-29', '{{\"a\": [1, 2]}}', 'x', 1.5, '2024-01-05 10:00:00'), \
+                 (2, NULL, NULL, NULL, NULL, NULL, NULL, '2024-01-05 11:00:00')"
+            ))
+            .await;
+        let text = format!(
+            r#"name = "kinds"
+export_type = "kinds"
+[period]
+granularity = "day"
+timezone = "UTC"
+start = "2024-01-01"
+lag = "0s"
+[[sources]]
+id = "db"
+transport = "sql"
+url = "${{TM_SQL_SOURCE_URL}}"
+query = "select id, d, b, day, j, t, f, at from kinds where at >= :period_start and at < :period_end"
+resume_key = ["at", "id"]
+time_columns = {{ at = "wall_clock" }}
+[fields]
+id = {{ type = "int", required = true }}
+d = {{ type = "decimal" }}
+b = {{ type = "bool" }}
+day = {{ type = "date" }}
+j = {{ type = "json" }}
+t = {{ type = "text" }}
+f = {{ type = "float" }}
+at = {{ type = "timestamp", required = true }}
+[load]
+table = "kinds"
+key = ["id"]
+"#
+        );
+        let mut env = Env::new(Backend::Postgres).await;
+        env.write("pipelines/kinds.toml", &text);
+        env.set_var("TM_SQL_SOURCE_URL", &source.url);
+        let out = env.tidemark(&["run", "kinds", "--period", "2024-01-05"]);
+        out.expect_code(0, "run");
+        let rows = env
+            .db
+            .select(
+                &["id", "d", "b", "day", "j", "t", "f", "at"],
+                "FROM kinds ORDER BY id",
+            )
+            .await;
+        let shown = |row: &Vec<Option<String>>| -> Vec<String> {
+            row.iter()
+                .map(|v| v.clone().unwrap_or_else(|| "NULL".into()))
+                .collect()
+        };
+        assert_eq!(
+            shown(&rows[0]),
+            [
+                "1",
+                "123456789012345678.1234567891",
+                "true",
+                "2024-02-29",
+                "{\"a\": [1, 2]}",
+                "x",
+                "1.5",
+                "2024-01-05 10:00:00"
+            ],
+            "{kind:?}"
+        );
+        assert_eq!(
+            shown(&rows[1]),
+            [
+                "2",
+                "NULL",
+                "NULL",
+                "NULL",
+                "NULL",
+                "NULL",
+                "NULL",
+                "2024-01-05 11:00:00"
+            ],
+            "{kind:?}"
+        );
+    }
+}

@@ -22,6 +22,7 @@
 mod cell;
 mod dialect;
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -165,6 +166,8 @@ struct Plan {
     bounds: (Cell, Cell),
     /// The columns `[fields]` must find (drift), and their types.
     read: Vec<ReadColumn>,
+    /// The columns `json` fields read.
+    json_columns: HashSet<String>,
     gate: Option<Arc<dyn RateGate>>,
 }
 
@@ -214,7 +217,7 @@ impl Plan {
                 Cell::Timestamp(period.end().naive_local()),
             ),
         };
-        let read = pipeline
+        let read: Vec<ReadColumn> = pipeline
             .spec
             .fields
             .iter()
@@ -231,7 +234,13 @@ impl Plan {
                 }
             })
             .collect();
+        let json_columns = read
+            .iter()
+            .filter(|c| c.ty == FieldType::Json)
+            .map(|c| c.column.clone())
+            .collect();
         Ok(Plan {
+            json_columns,
             at,
             source: spec.id.clone(),
             label: period.label(),
@@ -567,28 +576,47 @@ impl Plan {
         }
     }
 
-    /// A row as a JSON record; time columns read as their kind.
+    /// A row as a JSON record; time columns read as their kind. Text a
+    /// `json` field reads is parsed (MySQL's JSON arrives as text, and a
+    /// text column is JSON text for a `json` field, as a CSV cell is); a
+    /// row whose text is no JSON is malformed, a reject like a bad CSV row.
     fn record(&self, row: SqlRow, chunk: Option<u64>, record: u64) -> RawRecord {
-        let object = row
-            .columns
-            .iter()
-            .zip(row.cells)
-            .map(|(name, cell)| {
-                let cell = match self.times.get(name) {
-                    Some(kind) => cell.into_time(*kind, self.tz),
-                    None => cell,
-                };
-                (name.clone(), cell.into_json())
-            })
-            .collect();
-        RawRecord {
-            data: RawData::Json(serde_json::Value::Object(object)),
-            origin: Origin {
-                resource: Arc::clone(&self.resource),
-                page: chunk,
-                record,
-                line: None,
+        let origin = Origin {
+            resource: Arc::clone(&self.resource),
+            page: chunk,
+            record,
+            line: None,
+        };
+        let mut object = serde_json::Map::with_capacity(row.cells.len());
+        let mut bad_json = None;
+        for (name, cell) in row.columns.iter().zip(row.cells) {
+            let cell = match self.times.get(name) {
+                Some(kind) => cell.into_time(*kind, self.tz),
+                None => cell,
+            };
+            let value = match cell {
+                Cell::Text(text) if self.json_columns.contains(name) => serde_json::from_str(&text)
+                    .unwrap_or_else(|e| {
+                        bad_json.get_or_insert(format!("column `{name}` is not valid JSON: {e}"));
+                        serde_json::Value::String(text)
+                    }),
+                cell => cell.into_json(),
+            };
+            object.insert(name.clone(), value);
+        }
+        let data = serde_json::Value::Object(object);
+        match bad_json {
+            None => RawRecord {
+                data: RawData::Json(data),
+                origin,
             },
+            Some(message) => {
+                let error = Error::Parse {
+                    location: origin.location(),
+                    message,
+                };
+                RawRecord::malformed(data.to_string(), error, origin)
+            }
         }
     }
 

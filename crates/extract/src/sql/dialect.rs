@@ -354,6 +354,18 @@ fn decode_mysql(row: &MySqlRow, i: usize) -> Result<Cell, Failure> {
         "VARCHAR" | "CHAR" | "TEXT" | "TINYTEXT" | "MEDIUMTEXT" | "LONGTEXT" | "ENUM" | "SET" => {
             decoded(column, row.try_get(i), Cell::Text)
         }
+        // Text with a binary collation (MariaDB's JSON is LONGTEXT with
+        // utf8mb4_bin) carries the same BINARY flag as bytes, and sqlx does
+        // not expose the character set that tells them apart: UTF-8 is read
+        // as text, anything else is bytes.
+        "BINARY" | "VARBINARY" | "TINYBLOB" | "BLOB" | "MEDIUMBLOB" | "LONGBLOB" => {
+            match row.try_get::<Option<Vec<u8>>, _>(i) {
+                Ok(Some(bytes)) => String::from_utf8(bytes)
+                    .map(Cell::Text)
+                    .map_err(|_| unreadable(column, &ty, &format!("HEX({column})"))),
+                other => decoded(column, other.map(|_| None), Cell::Text),
+            }
+        }
         _ => Err(unreadable(column, &ty, &format!("CAST({column} AS CHAR)"))),
     }
 }
