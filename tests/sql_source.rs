@@ -1258,8 +1258,7 @@ async fn column_types_map_to_fields_exactly() {
                  (2, NULL, NULL, NULL, NULL, NULL, NULL, '2024-01-05 11:00:00')"
             ))
             .await;
-        let text = format!(
-            r#"name = "kinds"
+        let text = r#"name = "kinds"
 export_type = "kinds"
 [period]
 granularity = "day"
@@ -1269,26 +1268,25 @@ lag = "0s"
 [[sources]]
 id = "db"
 transport = "sql"
-url = "${{TM_SQL_SOURCE_URL}}"
+url = "${TM_SQL_SOURCE_URL}"
 query = "select id, d, b, day, j, t, f, at from kinds where at >= :period_start and at < :period_end"
 resume_key = ["at", "id"]
-time_columns = {{ at = "wall_clock" }}
+time_columns = { at = "wall_clock" }
 [fields]
-id = {{ type = "int", required = true }}
-d = {{ type = "decimal" }}
-b = {{ type = "bool" }}
-day = {{ type = "date" }}
-j = {{ type = "json" }}
-t = {{ type = "text" }}
-f = {{ type = "float" }}
-at = {{ type = "timestamp", required = true }}
+id = { type = "int", required = true }
+d = { type = "decimal" }
+b = { type = "bool" }
+day = { type = "date" }
+j = { type = "json" }
+t = { type = "text" }
+f = { type = "float" }
+at = { type = "timestamp", required = true }
 [load]
 table = "kinds"
 key = ["id"]
-"#
-        );
+"#;
         let mut env = Env::new(Backend::Postgres).await;
-        env.write("pipelines/kinds.toml", &text);
+        env.write("pipelines/kinds.toml", text);
         env.set_var("TM_SQL_SOURCE_URL", &source.url);
         let out = env.tidemark(&["run", "kinds", "--period", "2024-01-05"]);
         out.expect_code(0, "run");
