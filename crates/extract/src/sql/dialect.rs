@@ -465,3 +465,69 @@ fn sqlite_kind(code: Option<&str>, message: &str) -> FailureKind {
         _ => FailureKind::Permanent,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_states_are_classed() {
+        use FailureKind::*;
+        for (state, kind) in [
+            ("40001", Transient),
+            ("40P01", Transient),
+            ("53300", Transient),
+            ("57P01", Transient),
+            ("08006", Transient),
+            ("42P01", Drift),
+            ("42703", Drift),
+            ("42601", Config),
+            ("42501", Config),
+            ("28P01", Config),
+            ("3D000", Config),
+            ("25006", Config),
+            ("22012", Permanent),
+        ] {
+            assert_eq!(pg_kind(state), kind, "{state}");
+        }
+    }
+
+    #[test]
+    fn mysql_numbers_are_classed() {
+        use FailureKind::*;
+        for (number, kind) in [
+            (1040, Transient),
+            (1213, Transient),
+            (1205, Transient),
+            (2013, Transient),
+            (1053, Transient),
+            (1146, Drift),
+            (1054, Drift),
+            (1064, Config),
+            (1142, Config),
+            (1045, Config),
+            (1792, Config),
+            (1365, Permanent),
+        ] {
+            assert_eq!(mysql_kind(number), kind, "{number}");
+        }
+    }
+
+    #[test]
+    fn sqlite_codes_are_classed() {
+        use FailureKind::*;
+        assert_eq!(sqlite_kind(Some("5"), "database is locked"), Transient);
+        assert_eq!(sqlite_kind(Some("517"), "database is locked"), Transient);
+        assert_eq!(sqlite_kind(Some("1"), "no such column: x"), Drift);
+        assert_eq!(sqlite_kind(Some("1"), "no such table: t"), Drift);
+        assert_eq!(
+            sqlite_kind(Some("1"), "near \"selec\": syntax error"),
+            Config
+        );
+        assert_eq!(
+            sqlite_kind(Some("8"), "attempt to write a readonly database"),
+            Config
+        );
+        assert_eq!(sqlite_kind(Some("19"), "constraint failed"), Permanent);
+    }
+}
