@@ -812,7 +812,11 @@ async fn validate_shows_the_first_row_and_dry_run_never_connects() {
         "2024-01-05",
     ]);
     out.expect_code(0, "validate --check-source");
-    assert!(out.stdout.contains("source shop_db: 3 record(s)"), "{out}");
+    assert!(
+        out.stdout
+            .contains("source shop_db: 3 record(s) on the first chunk of 2024-01-05"),
+        "{out}"
+    );
     assert!(out.stdout.contains("customer = c"), "{out}");
     assert!(
         out.stdout.contains("created_at = 2024-01-05T00:00:00"),
