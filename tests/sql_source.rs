@@ -719,9 +719,34 @@ key = ["id"]
 /// statement continues after the checkpoint's key (tidemark's statement
 /// log at debug), and the end state is that of an uninterrupted run.
 #[tokio::test]
-async fn kill_9_after_the_third_chunk_resumes_after_the_checkpoint() {
+async fn kill_9_after_the_third_chunk_resumes_after_the_checkpoint_postgres() {
+    kill_9_after_the_third_chunk_resumes_after_the_checkpoint(Kind::Postgres).await;
+}
+
+/// The same with a MariaDB source.
+#[tokio::test]
+async fn kill_9_after_the_third_chunk_resumes_after_the_checkpoint_mariadb() {
+    kill_9_after_the_third_chunk_resumes_after_the_checkpoint(Kind::MariaDb).await;
+}
+
+/// A condition that costs 20 ms per row read, so that a chunk of 10 takes
+/// a good part of a second: time for a test to act between chunks.
+async fn slow_rows(source: &Source) -> &'static str {
+    match source.kind {
+        Kind::Postgres => {
+            source
+                .exec("CREATE FUNCTION tm_slow() RETURNS boolean LANGUAGE sql VOLATILE AS 'SELECT true FROM pg_sleep(0.02)'")
+                .await;
+            "tm_slow()"
+        }
+        Kind::MariaDb => "sleep(0.02) = 0",
+        Kind::Sqlite => panic!("SQLite has no sleep"),
+    }
+}
+
+async fn kill_9_after_the_third_chunk_resumes_after_the_checkpoint(kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
-    let source = Source::new(Kind::Postgres, dir.path()).await;
+    let source = Source::new(kind, dir.path()).await;
     source.create_orders().await;
     let rows: Vec<(i64, String)> = (1..=60)
         .map(|id| {
@@ -732,17 +757,14 @@ async fn kill_9_after_the_third_chunk_resumes_after_the_checkpoint() {
         })
         .collect();
     source.insert(&rows).await;
-    // Every row read costs 20 ms, so a chunk takes about a second.
-    source
-        .exec("CREATE FUNCTION tm_slow() RETURNS boolean LANGUAGE sql VOLATILE AS 'SELECT true FROM pg_sleep(0.02)'")
-        .await;
+    let slow = slow_rows(&source).await;
     let text = pipeline(
         "resume_key = [\"created_at\", \"id\"]\nchunk_size = 10",
         "UTC",
     )
     .replace(
         "created_at < :period_end",
-        "created_at < :period_end and tm_slow()",
+        &format!("created_at < :period_end and {slow}"),
     )
     .replace("batch_size = 5", "batch_size = 10");
     let env = env_with(Backend::Postgres, &source, &text).await;
@@ -784,7 +806,7 @@ async fn kill_9_after_the_third_chunk_resumes_after_the_checkpoint() {
     assert!(
         chunks
             .first()
-            .is_some_and(|l| l.contains("2024-01-05T08:30:00Z") && l.contains(", 30)")),
+            .is_some_and(|l| l.contains("2024-01-05T08:30:00") && l.contains(", 30)")),
         "the first statement continues after the 30th row's key:\n{out}"
     );
     // Chunks 4, 5 and 6; the 6th, with fewer than chunk_size + 1 rows, is
@@ -1111,28 +1133,40 @@ impl Proxy {
 /// third committed chunk): the failure is transient, retried, and the
 /// retry continues after the checkpoint; the end state is complete.
 #[tokio::test]
-async fn a_source_lost_mid_period_is_retried_and_resumed() {
+async fn a_source_lost_mid_period_is_retried_and_resumed_postgres() {
+    a_source_lost_mid_period_is_retried_and_resumed(Kind::Postgres).await;
+}
+
+/// The same with a MariaDB source.
+#[tokio::test]
+async fn a_source_lost_mid_period_is_retried_and_resumed_mariadb() {
+    a_source_lost_mid_period_is_retried_and_resumed(Kind::MariaDb).await;
+}
+
+async fn a_source_lost_mid_period_is_retried_and_resumed(kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
-    let source = Source::new(Kind::Postgres, dir.path()).await;
+    let source = Source::new(kind, dir.path()).await;
     source.create_orders().await;
     let rows: Vec<(i64, String)> = (1..=60)
         .map(|id| (id, format!("2024-01-05 08:{:02}:00", id % 60)))
         .collect();
     source.insert(&rows).await;
-    source
-        .exec("CREATE FUNCTION tm_slow() RETURNS boolean LANGUAGE sql VOLATILE AS 'SELECT true FROM pg_sleep(0.02)'")
-        .await;
-    let proxy = Proxy::start("127.0.0.1:5432");
+    let slow = slow_rows(&source).await;
+    let upstream = match kind {
+        Kind::MariaDb => "127.0.0.1:3306",
+        _ => "127.0.0.1:5432",
+    };
+    let proxy = Proxy::start(upstream);
     let via_proxy = source
         .url
-        .replacen("127.0.0.1:5432", &format!("127.0.0.1:{}", proxy.port), 1);
+        .replacen(upstream, &format!("127.0.0.1:{}", proxy.port), 1);
     let text = pipeline(
         "resume_key = [\"created_at\", \"id\"]\nchunk_size = 10",
         "UTC",
     )
     .replace(
         "created_at < :period_end",
-        "created_at < :period_end and tm_slow()",
+        &format!("created_at < :period_end and {slow}"),
     )
     .replace("batch_size = 5", "batch_size = 10");
     let mut env = Env::new(Backend::Postgres).await;
