@@ -197,6 +197,7 @@ query = """
 select id, customer, total, created_at
 from orders
 where created_at >= :period_start and created_at < :period_end
+-- the period's window: a trailing comment must not swallow the keyset wrapper
 """
 {extra_source}
 

@@ -428,7 +428,9 @@ impl Plan {
         let (inner, mut binds) = self.statement(db, &self.query);
         let order: Vec<String> = self.resume_key.iter().map(|k| db.quote(k)).collect();
         let order = order.join(", ");
-        let mut sql = format!("SELECT * FROM ({inner}) AS _tm_q");
+        // On lines of their own: a query ending in a `--` comment would
+        // otherwise comment the wrapper's end out.
+        let mut sql = format!("SELECT * FROM (\n{inner}\n) AS _tm_q");
         if let Some(after) = after {
             let holders: Vec<String> = after
                 .iter()
