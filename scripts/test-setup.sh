@@ -4,6 +4,8 @@
 # its package mirror once):
 #   - PostgreSQL on 127.0.0.1:5432, trust auth for user postgres
 #     (scripts/start-postgres.sh);
+#   - MariaDB on 127.0.0.1:3306, user root without a password, the
+#     source database of the SQL-source tests (scripts/start-mariadb.sh);
 #   - faketime, which runs a worker with a clock two hours behind the
 #     database's (tests/hardening_queue.rs);
 #   - promtool, from Debian's `prometheus` package, which checks and
@@ -17,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 ./start-postgres.sh
+./start-mariadb.sh
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -27,6 +27,7 @@ mod pooling;
 mod rate_limits;
 mod scheduler;
 mod service;
+mod sql_source;
 mod status;
 mod storage;
 mod views;

@@ -516,8 +516,13 @@ async fn check_sources(pipeline: &Pipeline, period: Option<&str>) -> Exit {
         .await;
         match checked {
             Ok((page, transformer)) => {
+                // A SQL source's first look is its first keyset chunk.
+                let first = match source {
+                    tidemark_core::spec::SourceSpec::Sql(_) => "chunk",
+                    _ => "page",
+                };
                 say!(
-                    "  source {}: {} record(s) on the first page of {} ({})",
+                    "  source {}: {} record(s) on the first {first} of {} ({})",
                     source.id(),
                     page.records,
                     period.label(),

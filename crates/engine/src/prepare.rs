@@ -102,16 +102,18 @@ pub(crate) fn rate_gate(
     pipeline: &Pipeline,
     source: &SourceSpec,
 ) -> Option<Arc<dyn RateGate>> {
-    let SourceSpec::Http(spec) = source else {
-        return None;
+    let limit = match source {
+        SourceSpec::Http(spec) => spec.rate_limit?,
+        SourceSpec::Sql(spec) => spec.rate_limit?,
+        SourceSpec::File(_) | SourceSpec::Custom(_) => return None,
     };
-    let limit = spec.rate_limit?;
     let name = &pipeline.spec.name;
+    let id = source.id();
     let gate = store
-        .rate_gate(name, &spec.id, limit)
-        .or_else(|| tidemark_extract::local_gate(name, &spec.id, limit))?;
+        .rate_gate(name, id, limit)
+        .or_else(|| tidemark_extract::local_gate(name, id, limit))?;
     // Counted for /metrics (tidemark_rate_limit_wait_seconds_total).
-    Some(crate::rate_stats::MeteredGate::wrap(name, &spec.id, gate))
+    Some(crate::rate_stats::MeteredGate::wrap(name, id, gate))
 }
 
 async fn produce(

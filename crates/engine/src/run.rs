@@ -520,6 +520,7 @@ impl Job {
                     format!(" ({} of the last page)", e.describe())
                 })
             }
+            Some(tidemark_core::spec::SourceSpec::Sql(_)) => " (count_query)".to_string(),
             _ => String::new(),
         };
         Err(Error::Incomplete(format!(

@@ -33,7 +33,7 @@ mod page;
 mod paging;
 mod request;
 mod retry_after;
-mod secrets;
+pub(crate) mod secrets;
 mod stream;
 #[cfg(test)]
 mod tests;

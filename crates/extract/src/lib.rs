@@ -13,6 +13,7 @@
 mod file;
 mod http;
 mod source;
+mod sql;
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ pub use file::FileReader;
 pub use http::limiter::local_gate;
 pub use http::{FirstPage, HttpReader};
 pub use source::{BatchSource, BuiltInSources, OpenRequest, OpenSource};
+pub use sql::SqlReader;
 
 /// A resumable position in a source, stored in the ledger as JSON.
 pub type Checkpoint = serde_json::Value;
@@ -43,6 +45,8 @@ pub enum SourceReader {
     File(FileReader),
     /// `transport = "http"`.
     Http(HttpReader),
+    /// `transport = "sql"`.
+    Sql(SqlReader),
 }
 
 impl SourceReader {
@@ -67,13 +71,16 @@ impl SourceReader {
             SourceSpec::Http(spec) => Ok(SourceReader::Http(
                 HttpReader::open(pipeline, spec, period, resume, gate).await?,
             )),
+            SourceSpec::Sql(spec) => Ok(SourceReader::Sql(
+                SqlReader::open(pipeline, spec, period, resume, gate).await?,
+            )),
             SourceSpec::Custom(spec) => Err(custom_unsupplied(pipeline, &spec.id)),
         }
     }
 
     /// A first look at `source` for `period` without writing anything
     /// (`validate --check-source`): an HTTP source's first page, or a file
-    /// source's first batch.
+    /// or SQL source's first batch (a SQL source's first chunk).
     pub async fn first_page(
         pipeline: &Pipeline,
         source: &SourceSpec,
@@ -82,8 +89,8 @@ impl SourceReader {
         match source {
             SourceSpec::Http(spec) => HttpReader::first_page(pipeline, spec, period).await,
             SourceSpec::Custom(spec) => Err(custom_unsupplied(pipeline, &spec.id)),
-            SourceSpec::File(spec) => {
-                let mut reader = FileReader::open(pipeline, spec, period, None).await?;
+            SourceSpec::File(_) | SourceSpec::Sql(_) => {
+                let mut reader = SourceReader::open(pipeline, source, period, None, None).await?;
                 let records = reader
                     .next_batch()
                     .await?
@@ -109,6 +116,7 @@ impl SourceReader {
         match self {
             SourceReader::File(_) => None,
             SourceReader::Http(reader) => reader.expected_count(),
+            SourceReader::Sql(reader) => reader.expected_count(),
         }
     }
 
@@ -117,6 +125,7 @@ impl SourceReader {
         match self {
             SourceReader::File(reader) => reader.next_batch().await,
             SourceReader::Http(reader) => reader.next_batch().await,
+            SourceReader::Sql(reader) => reader.next_batch().await,
         }
     }
 }

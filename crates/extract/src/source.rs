@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use tidemark_core::spec::SourceSpec;
 use tidemark_core::{Error, Period, Pipeline, RateGate};
 
-use crate::{Batch, Checkpoint, FileReader, HttpReader, SourceReader};
+use crate::{Batch, Checkpoint, FileReader, HttpReader, SourceReader, SqlReader};
 
 /// What a source is opened for: one source of a pipeline, one period.
 pub struct OpenRequest<'a> {
@@ -87,7 +87,7 @@ impl BatchSource for SourceReader {
 }
 
 /// The sources tidemark ships, as the pipeline's `[[sources]]` declare
-/// them: `transport = "file"` and `transport = "http"`.
+/// them: `transport = "file"`, `"http"` and `"sql"`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct BuiltInSources;
 
@@ -108,6 +108,10 @@ impl OpenSource for BuiltInSources {
             ),
             SourceSpec::Http(spec) => SourceReader::Http(
                 HttpReader::open(pipeline, spec, request.period, request.resume, request.gate)
+                    .await?,
+            ),
+            SourceSpec::Sql(spec) => SourceReader::Sql(
+                SqlReader::open(pipeline, spec, request.period, request.resume, request.gate)
                     .await?,
             ),
             SourceSpec::Custom(spec) => return Err(crate::custom_unsupplied(pipeline, &spec.id)),

@@ -11,6 +11,7 @@
 //! is re-exported here, so `tidemark_core::spec::X` names every type:
 //!
 //! - `source`: `[[sources]]` (file and HTTP transports, pagination);
+//! - `sql`: `transport = "sql"` (the query's parameters, keyset chunks);
 //! - `fields`: `[fields]` (types, `added` for schema evolution);
 //! - `load`: `[load]` (table, key, reconciliation, memory budget);
 //! - `retry`: `[retry]` and the backoff policy;
@@ -26,6 +27,7 @@ mod retry;
 mod schedule;
 mod schema;
 mod source;
+mod sql;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -52,6 +54,7 @@ pub use source::{
     CustomSourceSpec, ExpectCount, FileSourceSpec, Format, HttpSourceSpec, MissingPolicy,
     PageLimits, Pagination, RateLimit, SourceSpec, DEFAULT_STREAMED_PAGE_BYTES, HELD_WHOLE_DIVISOR,
 };
+pub use sql::{split_query, SqlParam, SqlPiece, SqlSourceSpec, TimeKind};
 
 /// A whole pipeline file.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -261,6 +264,7 @@ impl Pipeline {
             match source {
                 SourceSpec::File(f) => templates.push((format!("sources[{i}].path"), &f.path)),
                 SourceSpec::Custom(_) => {}
+                SourceSpec::Sql(s) => templates.push((format!("sources[{i}].url"), &s.url)),
                 SourceSpec::Http(h) => {
                     templates.push((format!("sources[{i}].url"), &h.url));
                     templates.extend(

@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use super::check::{Checker, BURST, PAGE_SIZE, PER_SECOND, TIMEOUT};
 use super::schema;
+use super::sql::SqlSourceSpec;
 use super::PipelineSpec;
 use crate::error::Error;
 
@@ -50,6 +51,8 @@ pub enum SourceSpec {
     /// Read by the program that embeds the engine, through the source it
     /// registers for this id (`tidemark_engine::EngineBuilder::source`).
     Custom(CustomSourceSpec),
+    /// A database: PostgreSQL, MySQL/MariaDB or SQLite (boxed, as HTTP).
+    Sql(Box<SqlSourceSpec>),
 }
 
 impl SourceSpec {
@@ -59,6 +62,7 @@ impl SourceSpec {
             SourceSpec::File(s) => &s.id,
             SourceSpec::Http(s) => &s.id,
             SourceSpec::Custom(s) => &s.id,
+            SourceSpec::Sql(s) => &s.id,
         }
     }
 }
@@ -317,6 +321,13 @@ impl Checker<'_> {
             }
             match source {
                 SourceSpec::Custom(_) => {}
+                SourceSpec::Sql(s) => {
+                    self.sql_source(&at, s)?;
+                    if let Some(rl) = s.rate_limit {
+                        self.count(&at("rate_limit.per_second"), rl.per_second, &PER_SECOND)?;
+                        self.count(&at("rate_limit.burst"), rl.burst.unwrap_or(0), &BURST)?;
+                    }
+                }
                 SourceSpec::File(f) => {
                     self.template(&at("path"), &f.path)?;
                     self.records_pointer(&at("records"), f.format, f.records.as_deref())?;
