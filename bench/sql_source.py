@@ -374,7 +374,7 @@ def days_case(rows, backends, peers, work):
                         print(f"  {name:<34} {result}")
                     else:
                         print(line(name, result[0], result[1], pipe, rows)
-                              + f"  (tidemark first load: {result[0] / first:.2f}x its speed)")
+                              + f"  (tidemark's first load is {result[0] / first:.2f}x as fast)")
     finally:
         drop_pg(source)
 

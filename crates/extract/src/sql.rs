@@ -32,6 +32,7 @@ use futures_util::StreamExt;
 use indexmap::IndexMap;
 use serde_json::json;
 use tidemark_core::spec::{split_query, SqlParam, SqlPiece, SqlSourceSpec, TimeKind};
+use tidemark_core::record::CsvHeaders;
 use tidemark_core::template::TemplateContext;
 use tidemark_core::{
     Error, FieldType, Location, Origin, Period, Pipeline, RateGate, RawData, RawRecord,
@@ -49,6 +50,11 @@ struct ReadColumn {
     column: String,
     field: String,
     ty: FieldType,
+}
+
+/// The result's column names as the header row its text records share.
+fn header_row(columns: &[String]) -> CsvHeaders {
+    Arc::new(csv::StringRecord::from(columns.to_vec()))
 }
 
 /// The checkpoint format; a checkpoint of another version is stale.
@@ -168,6 +174,11 @@ struct Plan {
     read: Vec<ReadColumn>,
     /// The columns `json` fields read.
     json_columns: HashSet<String>,
+    /// Every field reads a column by name (none through a JSON pointer
+    /// into a `json` column): records are then CSV-like rows of text
+    /// sharing one header, typed as a file's, instead of a JSON object
+    /// per row (a third of the time of a load, and most of its memory).
+    as_text: bool,
     gate: Option<Arc<dyn RateGate>>,
 }
 
@@ -239,7 +250,15 @@ impl Plan {
             .filter(|c| c.ty == FieldType::Json)
             .map(|c| c.column.clone())
             .collect();
+        let as_text = pipeline.spec.fields.values().all(|field| {
+            field.value.is_some()
+                || !matches!(
+                    tidemark_core::Selector::parse(field.from.as_deref().unwrap_or_default()),
+                    tidemark_core::Selector::Pointer(_)
+                )
+        });
         Ok(Plan {
+            as_text,
             json_columns,
             at,
             source: spec.id.clone(),
@@ -344,6 +363,7 @@ impl Plan {
         db.begin().await.map_err(|f| self.error(f, "query"))?;
         let mut records = Vec::new();
         let mut read = 0u64;
+        let mut headers = None;
         {
             let mut rows = db.fetch(&sql, &binds);
             while let Some(row) = rows.next().await {
@@ -352,7 +372,8 @@ impl Plan {
                     self.check_columns(&row)?;
                 }
                 read += 1;
-                records.push(self.record(row, None, read));
+                let headers = headers.get_or_insert_with(|| header_row(&row.columns));
+                records.push(self.record(row, headers, None, read));
                 if records.len() >= self.batch {
                     let checkpoint = json!({ "v": CHECKPOINT_VERSION, "snapshot_rows": read });
                     send(tx, std::mem::take(&mut records), checkpoint).await?;
@@ -401,11 +422,12 @@ impl Plan {
             if let Some(pair) = keys.windows(2).find(|pair| pair[0] == pair[1]) {
                 return Err(self.tie(&pair[0]));
             }
+            let headers = header_row(&first.columns);
             let last_chunk = rows.len() <= self.chunk;
             rows.truncate(self.chunk);
             let mut records = Vec::new();
             for ((row, key), record_no) in rows.into_iter().zip(keys).zip(1..) {
-                records.push(self.record(row, Some(chunk_no), record_no));
+                records.push(self.record(row, &headers, Some(chunk_no), record_no));
                 after = Some(key);
                 if records.len() >= self.batch {
                     let checkpoint = self.checkpoint(after.as_deref());
@@ -582,13 +604,22 @@ impl Plan {
     /// `json` field reads is parsed (MySQL's JSON arrives as text, and a
     /// text column is JSON text for a `json` field, as a CSV cell is); a
     /// row whose text is no JSON is malformed, a reject like a bad CSV row.
-    fn record(&self, row: SqlRow, chunk: Option<u64>, record: u64) -> RawRecord {
+    fn record(
+        &self,
+        row: SqlRow,
+        headers: &CsvHeaders,
+        chunk: Option<u64>,
+        record: u64,
+    ) -> RawRecord {
         let origin = Origin {
             resource: Arc::clone(&self.resource),
             page: chunk,
             record,
             line: None,
         };
+        if self.as_text {
+            return self.text_record(row, headers, origin);
+        }
         let mut object = serde_json::Map::with_capacity(row.cells.len());
         let mut bad_json = None;
         for (name, cell) in row.columns.iter().zip(row.cells) {
@@ -619,6 +650,30 @@ impl Plan {
                 };
                 RawRecord::malformed(data.to_string(), error, origin)
             }
+        }
+    }
+
+    /// A row as a CSV-like record: each cell's text (time columns read as
+    /// their kind first) under the result's shared header row. Text a
+    /// `json` field reads that is no JSON fails its field, a reject.
+    fn text_record(&self, row: SqlRow, headers: &CsvHeaders, origin: Origin) -> RawRecord {
+        let mut text = String::new();
+        let mut cells = csv::StringRecord::with_capacity(64, row.cells.len());
+        for (name, cell) in row.columns.iter().zip(row.cells) {
+            let cell = match self.times.get(name) {
+                Some(kind) => cell.into_time(*kind, self.tz),
+                None => cell,
+            };
+            text.clear();
+            cell.push_text(&mut text);
+            cells.push_field(&text);
+        }
+        RawRecord {
+            data: RawData::Csv {
+                headers: Arc::clone(headers),
+                row: cells,
+            },
+            origin,
         }
     }
 
