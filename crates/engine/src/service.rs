@@ -203,12 +203,20 @@ impl Service {
             self.fire_due().await;
             background.spawn(schedule(Arc::clone(shared)));
         }
+        background.spawn(deliver(Arc::clone(shared)));
         let mut workers = JoinSet::new();
         for slot in 0..config.workers {
             workers.spawn(work(Arc::clone(shared), slot));
         }
         while workers.join_next().await.is_some() {}
         background.abort_all();
+        // A draining service tells what its last runs changed before it
+        // ends, as a command does (bounded; the rest stays queued).
+        if !shared.engine.shutdown().requested() {
+            let pipelines: Vec<Arc<Pipeline>> =
+                shared.pipelines().by_name.values().cloned().collect();
+            shared.engine.deliver_notices(&pipelines).await;
+        }
         tracing::info!("stopped");
         ServiceEnd {
             lease_lost: shared.lease_lost.load(Ordering::SeqCst),
@@ -328,6 +336,8 @@ impl Shared {
             provisional: false,
             worker: self.engine.worker().clone(),
             lease_ttl: self.engine.context().lease_ttl,
+            // Each queued key's pipeline says who is told (`QueuePipeline`).
+            notices: Default::default(),
         }
     }
 }
@@ -433,6 +443,7 @@ impl Pipelines {
                     .ok()
                     .and_then(|lag| now.checked_sub_signed(lag))
                     .unwrap_or(DateTime::<Utc>::MIN_UTC),
+                notices: crate::notices::notice_targets(p),
             })
             .collect();
         queue.sort_by(|a, b| a.name.cmp(&b.name));
@@ -644,6 +655,44 @@ fn queued_key(pipeline: &Pipeline, queued: &QueuedRun) -> Result<RunKey, Error> 
     ))
 }
 
+/// How often the deliverer looks for notices when it found none.
+const DELIVERY_POLL: Duration = Duration::from_secs(1);
+
+/// Delivers the outbox's notices of the pipelines served (ADR 0024) until
+/// the shutdown: one at a time, as long as there are any, then a poll.
+/// A delivery that fails is the notice's business (it backs off); a
+/// database error is logged and tried again.
+async fn deliver(shared: Arc<Shared>) {
+    let engine = &shared.engine;
+    let deliverer =
+        match crate::notices::Deliverer::new(engine.store().clone(), engine.worker().owner()) {
+            Ok(deliverer) => deliverer,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot deliver notices");
+                return;
+            }
+        };
+    loop {
+        if engine.shutdown().requested() {
+            return;
+        }
+        let pipelines: Vec<Arc<Pipeline>> = shared.pipelines().by_name.values().cloned().collect();
+        let found = match deliverer.deliver_next(&pipelines).await {
+            Ok(found) => found.is_some(),
+            Err(e) => {
+                tracing::warn!(error = %e, "delivering notices failed; trying again");
+                false
+            }
+        };
+        if !found {
+            tokio::select! {
+                () = engine.shutdown().wait() => return,
+                () = tokio::time::sleep(DELIVERY_POLL) => {}
+            }
+        }
+    }
+}
+
 /// Relays queue notifications of every process (PostgreSQL) to the idle
 /// workers of this one.
 async fn listen_for_work(shared: Arc<Shared>) {
@@ -717,6 +766,7 @@ async fn fire_due(shared: &Shared) -> Option<DateTime<Utc>> {
                 if let Err(e) = queue_due(shared, pipeline, now).await {
                     tracing::warn!(pipeline = %name, error = %e, "scheduling failed; trying at the next fire");
                 }
+                tell_late(shared, pipeline, now).await;
                 schedule
                     .next_after(now)
                     .unwrap_or(now + chrono::Duration::from_std(SCHEDULER_TICK).unwrap_or_default())
@@ -729,6 +779,19 @@ async fn fire_due(shared: &Shared) -> Option<DateTime<Utc>> {
         *fires = following;
     }
     earliest
+}
+
+/// Queues the `late` notices of `pipeline` at `now` (see
+/// [`crate::notices::queue_late`]); a failure is logged and the next fire
+/// looks again.
+async fn tell_late(shared: &Shared, pipeline: &Pipeline, now: DateTime<Utc>) {
+    match crate::notices::queue_late(shared.engine.store(), pipeline, now).await {
+        Ok(0) => {}
+        Ok(late) => tracing::info!(pipeline = %pipeline.spec.name, late, "run keys late: told"),
+        Err(e) => {
+            tracing::warn!(pipeline = %pipeline.spec.name, error = %e, "could not look for late run keys; looking at the next fire");
+        }
+    }
 }
 
 /// Queues what is due for `pipeline` at `now`, as `sync` would run it (the

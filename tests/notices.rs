@@ -1,0 +1,316 @@
+//! Notices through the transactional outbox (issue 23, ADR 0024): one
+//! notice per change of a run key's state, written with the change,
+//! delivered at least once with its id as the `Idempotency-Key`, never
+//! lost by a crash, never holding a secret. A real receiver (the suite's
+//! HTTP server) records every POST.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value as Json;
+
+use crate::support::http::{Hit, Reply, Server};
+use crate::support::{backend_tests, Backend, Env};
+
+backend_tests! {
+    failing_three_times_then_fixed_tells_one_failed_and_one_recovered: failing_three_times_then_fixed_tells_one_failed_and_one_recovered_sqlite, failing_three_times_then_fixed_tells_one_failed_and_one_recovered_postgres;
+    receiver_answering_400_makes_the_notice_dead_and_status_shows_it: receiver_answering_400_makes_the_notice_dead_and_status_shows_it_sqlite, receiver_answering_400_makes_the_notice_dead_and_status_shows_it_postgres;
+    receiver_down_never_holds_a_run_and_gets_the_notice_once_back: receiver_down_never_holds_a_run_and_gets_the_notice_once_back_sqlite, receiver_down_never_holds_a_run_and_gets_the_notice_once_back_postgres;
+    serve_killed_after_the_commit_and_before_delivery_delivers_once_after_restart: serve_killed_after_the_commit_and_before_delivery_delivers_once_after_restart_sqlite, serve_killed_after_the_commit_and_before_delivery_delivers_once_after_restart_postgres;
+    serve_killed_after_the_post_sends_again_with_the_same_key: serve_killed_after_the_post_sends_again_with_the_same_key_sqlite, serve_killed_after_the_post_sends_again_with_the_same_key_postgres;
+}
+
+/// The secret in the receiver's URL (a token in its query): no body may
+/// hold it.
+const SECRET: &str = "s3cr3t-hook-token";
+
+const DAY: &str = "2024-01-05";
+const CSV: &str = "pipelines/data/orders/2024/01/05/orders.csv";
+
+/// A receiver answering `status` (changeable while it runs).
+fn receiver(status: &Arc<AtomicU16>) -> Server {
+    let status = Arc::clone(status);
+    Server::start(move |_| Reply::status(status.load(Ordering::SeqCst), "application/json", "{}"))
+}
+
+/// The `orders` example told through one `[[notify]]` entry at `base`
+/// (the URL, secret token and all, read from `${ALERT_URL}`).
+async fn orders_told(backend: Backend, base: &str) -> Env {
+    let mut env = Env::orders(backend).await;
+    env.set_var("ALERT_URL", &format!("{base}/hook?token={SECRET}"));
+    env.edit_pipeline("orders", |text| {
+        format!(
+            "{text}\n[[notify]]\nurl = \"${{ALERT_URL}}\"\n\
+             on = [\"failed\", \"recovered\", \"guard_refused\", \"incomplete\"]\n"
+        )
+    });
+    env
+}
+
+/// Breaks (or restores) the day's export: an amount that is no decimal
+/// fails the period with a validation error, never retried.
+fn break_day(env: &Env, broken: bool) {
+    let path = env.path(CSV);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = if broken {
+        text.replacen("981.14", "9x1.14", 1)
+    } else {
+        text.replacen("9x1.14", "981.14", 1)
+    };
+    std::fs::write(&path, text).unwrap();
+}
+
+/// The bodies of the POSTs the receiver got, as JSON, in order.
+fn bodies(hits: &[Hit]) -> Vec<Json> {
+    hits.iter()
+        .map(|h| serde_json::from_slice(&h.body).expect("a JSON body"))
+        .collect()
+}
+
+fn kinds(hits: &[Hit]) -> Vec<String> {
+    bodies(hits)
+        .iter()
+        .map(|b| b["kind"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// No body holds the secret, and each carries its id as the key.
+fn check_bodies(hits: &[Hit]) {
+    for hit in hits {
+        let text = String::from_utf8_lossy(&hit.body);
+        assert!(!text.contains(SECRET), "a secret in a notice body: {text}");
+        let body: Json = serde_json::from_slice(&hit.body).unwrap();
+        assert_eq!(
+            hit.headers.get("idempotency-key").map(String::as_str),
+            body["id"].as_str(),
+            "the Idempotency-Key is the notice id"
+        );
+    }
+}
+
+/// `status --notices --json`: one object per notice.
+fn notices(env: &Env) -> Vec<Json> {
+    let out = env.tidemark(&["status", "orders", "--notices", "--json"]);
+    out.expect_code(0, "status --notices --json");
+    out.json_lines()
+}
+
+fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A period failing three times (three commands, each a failed attempt)
+/// then fixed: the receiver is told `failed` once and `recovered` once, by
+/// the commands themselves before they exit.
+async fn failing_three_times_then_fixed_tells_one_failed_and_one_recovered(backend: Backend) {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let env = orders_told(backend, &server.base).await;
+    break_day(&env, true);
+    for _ in 0..3 {
+        env.tidemark(&["run", "orders", "--period", DAY])
+            .expect_code(1, "a period with a bad amount fails");
+    }
+    break_day(&env, false);
+    env.tidemark(&["run", "orders", "--period", DAY])
+        .expect_code(0, "the fixed period is done");
+    let hits = server.hits();
+    assert_eq!(
+        kinds(&hits),
+        ["failed", "recovered"],
+        "{:#?}",
+        bodies(&hits)
+    );
+    check_bodies(&hits);
+    let failed = &bodies(&hits)[0];
+    assert_eq!(failed["pipeline"], "orders");
+    assert_eq!(failed["source"], "archive");
+    assert_eq!(failed["period_start"], "2024-01-05T00:00:00+01:00");
+    assert_eq!(failed["attempt"], 1);
+    assert_eq!(failed["error_class"], "validation");
+    let recovered = &bodies(&hits)[1];
+    assert_eq!(recovered["attempt"], 4);
+    assert!(recovered["counts"]["rows_read"].as_u64().unwrap() > 0);
+    let all = notices(&env);
+    assert_eq!(all.len(), 2, "{all:#?}");
+    assert!(all.iter().all(|n| n["status"] == "sent"), "{all:#?}");
+}
+
+/// A receiver that refuses the notice (400): `dead` at once, with the
+/// answer's status, and `status --notices` shows it.
+async fn receiver_answering_400_makes_the_notice_dead_and_status_shows_it(backend: Backend) {
+    let status = Arc::new(AtomicU16::new(400));
+    let server = receiver(&status);
+    let env = orders_told(backend, &server.base).await;
+    break_day(&env, true);
+    env.tidemark(&["run", "orders", "--period", DAY])
+        .expect_code(1, "the period fails");
+    assert_eq!(server.requests(), 1, "a refused notice is not tried again");
+    let all = notices(&env);
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert_eq!(all[0]["status"], "dead");
+    assert_eq!(all[0]["attempts"], 1);
+    let error = all[0]["last_error"].as_str().unwrap();
+    assert!(error.contains("HTTP 400"), "{error}");
+    assert!(
+        !error.contains(SECRET),
+        "the URL's secret in the error: {error}"
+    );
+    let table = env.tidemark(&["status", "orders", "--notices"]);
+    table.expect_code(0, "status --notices");
+    assert!(table.stdout.contains("dead"), "{table}");
+    assert!(table.stdout.contains("1 dead"), "{table}");
+}
+
+/// A receiver that is down: the run ends at once (its notice waits), and
+/// the notice reaches the receiver once it is back, exactly once.
+async fn receiver_down_never_holds_a_run_and_gets_the_notice_once_back(backend: Backend) {
+    let port = {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        taken.local_addr().unwrap().port()
+    };
+    let env = orders_told(backend, &format!("http://127.0.0.1:{port}")).await;
+    break_day(&env, true);
+    let out = env.tidemark(&["run", "orders", "--period", DAY]);
+    out.expect_code(1, "the period fails");
+    assert!(
+        out.elapsed < Duration::from_secs(8),
+        "a receiver that is down held the run for {:?}",
+        out.elapsed
+    );
+    let waiting = notices(&env);
+    assert_eq!(waiting.len(), 1, "{waiting:#?}");
+    assert_eq!(waiting[0]["status"], "pending");
+    assert!(waiting[0]["last_error"]
+        .as_str()
+        .unwrap()
+        .contains("connect"));
+    let status = Arc::new(AtomicU16::new(200));
+    let server = Server::start_on(&format!("127.0.0.1:{port}"), {
+        let status = Arc::clone(&status);
+        move |_| Reply::status(status.load(Ordering::SeqCst), "application/json", "{}")
+    });
+    let serve = env.spawn(&["serve", "--workers", "1", "--no-schedule"]);
+    wait_until("the notice delivered", Duration::from_secs(30), || {
+        server.requests() >= 1
+    });
+    // Time for a second delivery, if there were one.
+    std::thread::sleep(Duration::from_secs(2));
+    serve.signal("TERM");
+    serve.finish(Duration::from_secs(30));
+    assert_eq!(kinds(&server.hits()), ["failed"]);
+    check_bodies(&server.hits());
+    assert_eq!(notices(&env)[0]["status"], "sent");
+}
+
+/// `serve` killed after it committed a failure (and its notice) and
+/// before the notice went out: the restarted service delivers it, once.
+/// The first service cannot send (the receiver's URL variable is not set
+/// where it runs), which holds it between the commit and the delivery.
+async fn serve_killed_after_the_commit_and_before_delivery_delivers_once_after_restart(
+    backend: Backend,
+) {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let env = orders_told(backend, &server.base).await;
+    break_day(&env, true);
+    env.tidemark(&[
+        "backfill",
+        "orders",
+        "--from",
+        DAY,
+        "--to",
+        DAY,
+        "--enqueue",
+    ])
+    .expect_code(0, "queued");
+    let blind = env.spawn_without(
+        &["ALERT_URL"],
+        &["serve", "--workers", "1", "--no-schedule"],
+    );
+    env.wait_for_status("orders", DAY, Duration::from_secs(30), |e| {
+        e["status"] == "failed"
+    });
+    wait_until("a delivery tried", Duration::from_secs(30), || {
+        notices(&env)
+            .first()
+            .is_some_and(|n| n["attempts"].as_i64() >= Some(1))
+    });
+    blind.kill9();
+    assert_eq!(
+        server.requests(),
+        0,
+        "nothing was delivered before the kill"
+    );
+    let serve = env.spawn(&["serve", "--workers", "1", "--no-schedule"]);
+    wait_until("the notice delivered", Duration::from_secs(40), || {
+        server.requests() >= 1
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    serve.signal("TERM");
+    serve.finish(Duration::from_secs(30));
+    assert_eq!(kinds(&server.hits()), ["failed"], "delivered exactly once");
+    check_bodies(&server.hits());
+    assert_eq!(notices(&env)[0]["status"], "sent");
+}
+
+/// `serve` killed after its POST and before it recorded `sent`: the next
+/// service sends the notice again, under the same `Idempotency-Key`, so
+/// the receiver can tell it is the same notice.
+async fn serve_killed_after_the_post_sends_again_with_the_same_key(backend: Backend) {
+    let hold = Arc::new(AtomicU16::new(1));
+    let server = Server::start({
+        let hold = Arc::clone(&hold);
+        move |_| {
+            let ok = Reply::status(200, "application/json", "{}");
+            if hold.load(Ordering::SeqCst) == 1 {
+                Reply::Hold(Duration::from_secs(120), Box::new(ok))
+            } else {
+                ok
+            }
+        }
+    });
+    let env = orders_told(backend, &server.base).await;
+    break_day(&env, true);
+    env.tidemark(&[
+        "backfill",
+        "orders",
+        "--from",
+        DAY,
+        "--to",
+        DAY,
+        "--enqueue",
+    ])
+    .expect_code(0, "queued");
+    let first = env.spawn(&["serve", "--workers", "1", "--no-schedule"]);
+    wait_until("the first POST", Duration::from_secs(30), || {
+        server.requests() >= 1
+    });
+    first.kill9();
+    hold.store(0, Ordering::SeqCst);
+    let serve = env.spawn(&["serve", "--workers", "1", "--no-schedule"]);
+    // Sent again once the killed deliverer's lease (30 s) has run out.
+    wait_until("the notice sent again", Duration::from_secs(60), || {
+        notices(&env).first().is_some_and(|n| n["status"] == "sent")
+    });
+    serve.signal("TERM");
+    serve.finish(Duration::from_secs(30));
+    let hits = server.hits();
+    assert_eq!(
+        hits.len(),
+        2,
+        "the POST the kill interrupted, then one more"
+    );
+    let keys: HashSet<_> = hits
+        .iter()
+        .map(|h| h.headers.get("idempotency-key").cloned())
+        .collect();
+    assert_eq!(keys.len(), 1, "both POSTs carry the same key: {keys:?}");
+    check_bodies(&hits);
+}
