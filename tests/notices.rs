@@ -20,6 +20,40 @@ backend_tests! {
     receiver_down_never_holds_a_run_and_gets_the_notice_once_back: receiver_down_never_holds_a_run_and_gets_the_notice_once_back_sqlite, receiver_down_never_holds_a_run_and_gets_the_notice_once_back_postgres;
     serve_killed_after_the_commit_and_before_delivery_delivers_once_after_restart: serve_killed_after_the_commit_and_before_delivery_delivers_once_after_restart_sqlite, serve_killed_after_the_commit_and_before_delivery_delivers_once_after_restart_postgres;
     serve_killed_after_the_post_sends_again_with_the_same_key: serve_killed_after_the_post_sends_again_with_the_same_key_sqlite, serve_killed_after_the_post_sends_again_with_the_same_key_postgres;
+    a_refused_reconciliation_is_told_as_guard_refused: a_refused_reconciliation_is_told_as_guard_refused_sqlite, a_refused_reconciliation_is_told_as_guard_refused_postgres;
+    a_slack_receiver_gets_one_line_of_text: a_slack_receiver_gets_one_line_of_text_sqlite, a_slack_receiver_gets_one_line_of_text_postgres;
+    a_key_past_due_and_late_after_is_told_late_once: a_key_past_due_and_late_after_is_told_late_once_sqlite, a_key_past_due_and_late_after_is_told_late_once_postgres;
+    notify_test_sends_a_sample_and_fails_when_refused: notify_test_sends_a_sample_and_fails_when_refused_sqlite, notify_test_sends_a_sample_and_fails_when_refused_postgres;
+    prune_removes_sent_notices_and_keeps_dead_ones: prune_removes_sent_notices_and_keeps_dead_ones_sqlite, prune_removes_sent_notices_and_keeps_dead_ones_postgres;
+}
+
+/// Two `serve`s on one PostgreSQL find the same late key: it is queued
+/// and delivered once.
+#[tokio::test]
+async fn two_schedulers_queue_a_late_key_once_postgres() {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let env = orders_late(Backend::Postgres, &server.base).await;
+    let first = env.spawn(&["serve", "--workers", "1"]);
+    let second = env.spawn(&["serve", "--workers", "1"]);
+    env.wait_for_status("orders", DAY, Duration::from_secs(60), |e| {
+        e["status"] == "done"
+    });
+    wait_until("the late notice delivered", Duration::from_secs(30), || {
+        server.requests() >= 1
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    for serve in [first, second] {
+        serve.signal("TERM");
+        serve.finish(Duration::from_secs(30));
+    }
+    assert_eq!(
+        kinds(&server.hits()),
+        ["late"],
+        "one late notice, sent once"
+    );
+    let all = notices(&env);
+    assert_eq!(all.len(), 1, "{all:#?}");
 }
 
 /// The secret in the receiver's URL (a token in its query): no body may
@@ -313,4 +347,143 @@ async fn serve_killed_after_the_post_sends_again_with_the_same_key(backend: Back
         .collect();
     assert_eq!(keys.len(), 1, "both POSTs carry the same key: {keys:?}");
     check_bodies(&hits);
+}
+
+/// A reconciliation the delete guard refuses (most rows gone from the
+/// export) is told as `guard_refused`, not as a plain failure.
+async fn a_refused_reconciliation_is_told_as_guard_refused(backend: Backend) {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let env = orders_told(backend, &server.base).await;
+    env.tidemark(&["run", "orders", "--period", DAY])
+        .expect_code(0, "the first load");
+    let path = env.path(CSV);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let kept: Vec<&str> = text.lines().take(2).collect();
+    std::fs::write(&path, kept.join("\n") + "\n").unwrap();
+    env.tidemark(&["run", "orders", "--period", DAY, "--force"])
+        .expect_code(1, "the guard refuses the deletes");
+    let hits = server.hits();
+    assert_eq!(kinds(&hits), ["guard_refused"], "{:#?}", bodies(&hits));
+    assert_eq!(bodies(&hits)[0]["error_class"], "invariant");
+    check_bodies(&hits);
+}
+
+/// `format = "slack"`: the receiver gets a Slack message, one line naming
+/// the pipeline, source, period, kind and error.
+async fn a_slack_receiver_gets_one_line_of_text(backend: Backend) {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let env = orders_told(backend, &server.base).await;
+    env.edit_pipeline("orders", |text| format!("{text}format = \"slack\"\n"));
+    break_day(&env, true);
+    env.tidemark(&["run", "orders", "--period", DAY])
+        .expect_code(1, "the period fails");
+    let hits = server.hits();
+    assert_eq!(hits.len(), 1);
+    let body = &bodies(&hits)[0];
+    let text = body["text"].as_str().expect("a `text` message");
+    assert_eq!(body.as_object().unwrap().len(), 1, "{body}");
+    for part in [
+        "orders",
+        "archive",
+        "2024-01-05",
+        "failed",
+        "validation",
+        "9x1.14",
+    ] {
+        assert!(text.contains(part), "{part:?} missing from {text:?}");
+    }
+    assert!(!text.contains(SECRET));
+}
+
+/// The `orders` example from 2024-01-05 only, scheduled, told `late` three
+/// hours past due, at a clock (`TIDEMARK_NOW`) well past that.
+async fn orders_late(backend: Backend, base: &str) -> Env {
+    let mut env = Env::orders(backend).await;
+    env.set_var("ALERT_URL", &format!("{base}/hook?token={SECRET}"));
+    env.set_var("TIDEMARK_NOW", "2024-01-06T12:00:00Z");
+    env.set_option("orders", "period", "start", "\"2024-01-05\"");
+    env.edit_pipeline("orders", |text| {
+        format!(
+            "{text}\n[schedule]\nevery = \"1h\"\n\n[[notify]]\nurl = \"${{ALERT_URL}}\"\n\
+             on = [\"late\", \"recovered\"]\nlate_after = \"3h\"\n"
+        )
+    });
+    env
+}
+
+/// `TIDEMARK_NOW` past the period's due instant + `late_after`, the key not
+/// done: `serve`'s scheduler tells it `late`, once; done afterwards, it is
+/// told nothing more (it never failed, so there is no `recovered`).
+async fn a_key_past_due_and_late_after_is_told_late_once(backend: Backend) {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let env = orders_late(backend, &server.base).await;
+    let serve = env.spawn(&["serve", "--workers", "1"]);
+    env.wait_for_status("orders", DAY, Duration::from_secs(60), |e| {
+        e["status"] == "done"
+    });
+    wait_until("the late notice delivered", Duration::from_secs(30), || {
+        server.requests() >= 1
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    serve.signal("TERM");
+    serve.finish(Duration::from_secs(30));
+    let hits = server.hits();
+    assert_eq!(kinds(&hits), ["late"], "{:#?}", bodies(&hits));
+    let late = &bodies(&hits)[0];
+    assert_eq!(late["period_start"], "2024-01-05T00:00:00+01:00");
+    // Due at the end (midnight, UTC+1) plus the two hours' lag.
+    assert_eq!(late["due_at"], "2024-01-06T01:00:00Z");
+    assert_eq!(late["late_since"], "2024-01-06T04:00:00Z");
+    check_bodies(&hits);
+    // A second look (a restarted scheduler) queues nothing more.
+    let again = env.spawn(&["serve", "--workers", "1"]);
+    std::thread::sleep(Duration::from_secs(3));
+    again.signal("TERM");
+    again.finish(Duration::from_secs(30));
+    assert_eq!(server.requests(), 1);
+    assert_eq!(notices(&env).len(), 1);
+}
+
+/// `notify test PIPELINE` sends a `test` notice to each target: exit 0
+/// when taken, 1 when refused.
+async fn notify_test_sends_a_sample_and_fails_when_refused(backend: Backend) {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let env = orders_told(backend, &server.base).await;
+    let out = env.tidemark(&["notify", "test", "orders"]);
+    out.expect_code(0, "the receiver takes the test notice");
+    assert!(out.stdout.contains("1 sent"), "{out}");
+    assert_eq!(kinds(&server.hits()), ["test"]);
+    check_bodies(&server.hits());
+    status.store(404, Ordering::SeqCst);
+    env.tidemark(&["notify", "test", "orders"])
+        .expect_code(1, "a receiver that refuses");
+    assert_eq!(server.requests(), 2);
+}
+
+/// `prune --older-than` deletes sent notices older than the cut-off and
+/// keeps dead ones (they wait for someone to look).
+async fn prune_removes_sent_notices_and_keeps_dead_ones(backend: Backend) {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let env = orders_told(backend, &server.base).await;
+    env.tidemark(&["notify", "test", "orders"])
+        .expect_code(0, "sent");
+    status.store(400, Ordering::SeqCst);
+    env.tidemark(&["notify", "test", "orders"])
+        .expect_code(1, "dead");
+    assert_eq!(notices(&env).len(), 2);
+    env.tidemark(&["prune", "--older-than", "1d"])
+        .expect_code(0, "prune");
+    assert_eq!(notices(&env).len(), 2, "younger than the cut-off: kept");
+    std::thread::sleep(Duration::from_millis(1100));
+    env.tidemark(&["prune", "--older-than", "1s"])
+        .expect_code(0, "prune");
+    let left = notices(&env);
+    assert_eq!(left.len(), 1, "{left:#?}");
+    assert_eq!(left[0]["status"], "dead");
+    drop(server);
 }
