@@ -25,6 +25,8 @@ backend_tests! {
     a_key_past_due_and_late_after_is_told_late_once: a_key_past_due_and_late_after_is_told_late_once_sqlite, a_key_past_due_and_late_after_is_told_late_once_postgres;
     notify_test_sends_a_sample_and_fails_when_refused: notify_test_sends_a_sample_and_fails_when_refused_sqlite, notify_test_sends_a_sample_and_fails_when_refused_postgres;
     prune_removes_sent_notices_and_keeps_dead_ones: prune_removes_sent_notices_and_keeps_dead_ones_sqlite, prune_removes_sent_notices_and_keeps_dead_ones_postgres;
+    lineage_events_of_an_interrupted_backfill_validate: lineage_events_of_an_interrupted_backfill_validate_sqlite, lineage_events_of_an_interrupted_backfill_validate_postgres;
+    serve_drain_tells_what_its_runs_changed_before_it_exits: serve_drain_tells_what_its_runs_changed_before_it_exits_sqlite, serve_drain_tells_what_its_runs_changed_before_it_exits_postgres;
 }
 
 /// Two `serve`s on one PostgreSQL find the same late key: it is queued
@@ -486,4 +488,174 @@ async fn prune_removes_sent_notices_and_keeps_dead_ones(backend: Backend) {
     assert_eq!(left.len(), 1, "{left:#?}");
     assert_eq!(left[0]["status"], "dead");
     drop(server);
+}
+
+/// The OpenLineage events of a backfill of two days whose second day is
+/// interrupted by a signal after two batches and resumed by the next
+/// command: each validates with openlineage-python (tests/lineage/
+/// validate.py; `scripts/test-setup.sh` installs it); START and the end of
+/// an attempt share its run id; the interrupted attempt ends in ABORT; the
+/// nominal time is the period; the row count is the ledger's.
+async fn lineage_events_of_an_interrupted_backfill_validate(backend: Backend) {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let mut env = Env::orders(backend).await;
+    env.set_var("OL_URL", &format!("{}/api/v1/lineage", server.base));
+    env.edit_pipeline("orders", |text| {
+        format!("{text}\n[lineage]\nurl = \"${{OL_URL}}\"\nnamespace = \"tidemark://test\"\n")
+    });
+    env.tidemark(&["migrate"]).expect_code(0, "migrate");
+    let mut day = crate::service::SlowDay::new(&env);
+    let backfill = env.spawn(&[
+        "backfill",
+        "orders",
+        "--from",
+        "2024-01-07",
+        "--to",
+        "2024-01-08",
+        "--concurrency",
+        "1",
+    ]);
+    day.feed(0, 12);
+    crate::service::wait_for_batches(&env, 2).await;
+    backfill.signal("TERM");
+    backfill.wait_for_stderr("stopping", Duration::from_secs(10));
+    day.feed(12, 15);
+    backfill
+        .finish(Duration::from_secs(25))
+        .expect_code(0, "a first SIGTERM exits 0");
+    day.make_regular();
+    env.tidemark(&["run", "orders", "--period", "2024-01-08"])
+        .expect_code(0, "the resumed run");
+    let events = bodies(&server.hits());
+    let lines: String = events.iter().map(|e| format!("{e}\n")).collect();
+    let check = python_check(&lines);
+    assert!(
+        check.status.success(),
+        "openlineage-python refuses the events:\n{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let of = |start: &str| -> Vec<(String, String)> {
+        events
+            .iter()
+            .filter(|e| e["run"]["facets"]["nominalTime"]["nominalStartTime"] == start)
+            .map(|e| {
+                (
+                    e["eventType"].as_str().unwrap().to_string(),
+                    e["run"]["runId"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let day7 = of("2024-01-07T00:00:00+01:00");
+    let types: Vec<&str> = day7.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(types, ["START", "COMPLETE"], "{events:#?}");
+    assert_eq!(day7[0].1, day7[1].1, "START and COMPLETE share the run id");
+    let day8 = of("2024-01-08T00:00:00+01:00");
+    let types: Vec<&str> = day8.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        types,
+        ["START", "ABORT", "START", "COMPLETE"],
+        "{events:#?}"
+    );
+    assert_eq!(
+        day8[0].1, day8[1].1,
+        "the interrupted attempt's events share its run id"
+    );
+    assert_eq!(
+        day8[2].1, day8[3].1,
+        "the resumed attempt's events share its run id"
+    );
+    assert_ne!(day8[0].1, day8[2].1, "each attempt is its own run");
+    for e in &events {
+        assert_eq!(e["job"]["name"], "orders.archive");
+        assert_eq!(e["outputs"][0]["name"], "orders");
+        let start = e["run"]["facets"]["nominalTime"]["nominalStartTime"]
+            .as_str()
+            .unwrap();
+        let end = e["run"]["facets"]["nominalTime"]["nominalEndTime"]
+            .as_str()
+            .unwrap();
+        assert!(
+            start.ends_with("T00:00:00+01:00") && end.ends_with("T00:00:00+01:00"),
+            "{e}"
+        );
+    }
+    for (day, entry) in [
+        ("2024-01-07", env.status_of("orders", "2024-01-07")),
+        ("2024-01-08", env.status_of("orders", "2024-01-08")),
+    ] {
+        let entry = entry.expect("in the ledger");
+        let written = ["rows_inserted", "rows_updated", "rows_unchanged"]
+            .iter()
+            .map(|k| entry[*k].as_u64().unwrap())
+            .sum::<u64>();
+        let complete = events
+            .iter()
+            .find(|e| {
+                e["eventType"] == "COMPLETE"
+                    && e["run"]["facets"]["nominalTime"]["nominalStartTime"]
+                        .as_str()
+                        .unwrap()
+                        .starts_with(day)
+            })
+            .expect("a COMPLETE event");
+        assert_eq!(
+            complete["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"], written,
+            "{day}"
+        );
+    }
+}
+
+/// Runs tests/lineage/validate.py on `events` (one JSON object a line).
+fn python_check(events: &str) -> std::process::Output {
+    use std::io::Write as _;
+    let script = crate::support::repo_root().join("tests/lineage/validate.py");
+    let mut child = std::process::Command::new("python3")
+        .arg(&script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 (scripts/test-setup.sh installs openlineage-python)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(events.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// `serve --drain` delivers the notices of its last runs before it exits
+/// (its deliverer stops between two deliveries, never abandoning a claimed
+/// notice), as a command does.
+async fn serve_drain_tells_what_its_runs_changed_before_it_exits(backend: Backend) {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let mut env = orders_told(backend, &server.base).await;
+    env.set_var("OL_URL", &format!("{}/api/v1/lineage", server.base));
+    env.edit_pipeline("orders", |text| {
+        format!("{text}\n[lineage]\nurl = \"${{OL_URL}}\"\nnamespace = \"tidemark://test\"\n")
+    });
+    break_day(&env, true);
+    env.tidemark(&[
+        "backfill",
+        "orders",
+        "--from",
+        "2024-01-04",
+        "--to",
+        DAY,
+        "--enqueue",
+    ])
+    .expect_code(0, "queued");
+    env.spawn(&["serve", "--workers", "1", "--no-schedule", "--drain"])
+        .finish(Duration::from_secs(60))
+        .expect_code(0, "drained");
+    let all = notices(&env);
+    // Day 4: START, COMPLETE; day 5: START, FAIL and `failed`.
+    assert_eq!(all.len(), 5, "{all:#?}");
+    assert!(all.iter().all(|n| n["status"] == "sent"), "{all:#?}");
+    assert_eq!(server.requests(), 5);
 }

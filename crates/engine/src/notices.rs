@@ -154,8 +154,9 @@ impl Deliverer {
         }))
     }
 
-    /// Delivers what is deliverable now of `pipelines`, for at most
-    /// `within`: what a command does before it exits. A notice not taken
+    /// Delivers what is deliverable now of `pipelines`, starting no
+    /// delivery after `within` (one in flight ends within
+    /// [`POST_TIMEOUT`]): what a command does before it exits. A notice not taken
     /// stays in the outbox for the next command or `serve`. Never fails:
     /// a database error ends it early and is logged.
     pub async fn deliver_for(
@@ -165,20 +166,17 @@ impl Deliverer {
     ) -> DeliveryTally {
         let started = Instant::now();
         let mut tally = DeliveryTally::default();
+        // Checked between deliveries, never by cancelling one: a notice
+        // abandoned mid-claim would stay leased to nobody for a lease.
         while started.elapsed() < within {
-            let step = tokio::time::timeout(
-                within.saturating_sub(started.elapsed()),
-                self.deliver_next(pipelines),
-            )
-            .await;
-            match step {
-                Ok(Ok(Some(report))) => match report.outcome {
+            match self.deliver_next(pipelines).await {
+                Ok(Some(report)) => match report.outcome {
                     "sent" => tally.sent += 1,
                     "dead" => tally.dead += 1,
                     _ => tally.retried += 1,
                 },
-                Ok(Ok(None)) | Err(_) => break,
-                Ok(Err(e)) => {
+                Ok(None) => break,
+                Err(e) => {
                     tracing::warn!(error = %e, "could not deliver notices; they stay queued");
                     break;
                 }

@@ -142,6 +142,8 @@ impl Service {
                 reloaded: Notify::new(),
                 lease_lost: AtomicBool::new(false),
                 next_fires: Mutex::new(HashMap::new()),
+                delivery_stop: AtomicBool::new(false),
+                delivery_wake: Notify::new(),
             }),
         })
     }
@@ -203,13 +205,18 @@ impl Service {
             self.fire_due().await;
             background.spawn(schedule(Arc::clone(shared)));
         }
-        background.spawn(deliver(Arc::clone(shared)));
+        let delivering = tokio::spawn(deliver(Arc::clone(shared)));
         let mut workers = JoinSet::new();
         for slot in 0..config.workers {
             workers.spawn(work(Arc::clone(shared), slot));
         }
         while workers.join_next().await.is_some() {}
         background.abort_all();
+        // The deliverer ends between two deliveries, never inside one (a
+        // notice abandoned mid-claim would stay leased to nobody).
+        shared.delivery_stop.store(true, Ordering::SeqCst);
+        shared.delivery_wake.notify_waiters();
+        let _ = delivering.await;
         // A draining service tells what its last runs changed before it
         // ends, as a command does (bounded; the rest stays queued).
         if !shared.engine.shutdown().requested() {
@@ -317,6 +324,10 @@ struct Shared {
     lease_lost: AtomicBool,
     /// Each scheduled pipeline's next fire.
     next_fires: Mutex<HashMap<String, DateTime<Utc>>>,
+    /// The deliverer's stop: set once the workers have ended.
+    delivery_stop: AtomicBool,
+    /// Wakes the deliverer from its poll to see `delivery_stop`.
+    delivery_wake: Notify,
 }
 
 impl Shared {
@@ -673,7 +684,7 @@ async fn deliver(shared: Arc<Shared>) {
             }
         };
     loop {
-        if engine.shutdown().requested() {
+        if engine.shutdown().requested() || shared.delivery_stop.load(Ordering::SeqCst) {
             return;
         }
         let pipelines: Vec<Arc<Pipeline>> = shared.pipelines().by_name.values().cloned().collect();
@@ -687,6 +698,7 @@ async fn deliver(shared: Arc<Shared>) {
         if !found {
             tokio::select! {
                 () = engine.shutdown().wait() => return,
+                () = shared.delivery_wake.notified() => {}
                 () = tokio::time::sleep(DELIVERY_POLL) => {}
             }
         }
