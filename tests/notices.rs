@@ -659,3 +659,47 @@ async fn serve_drain_tells_what_its_runs_changed_before_it_exits(backend: Backen
     assert!(all.iter().all(|n| n["status"] == "sent"), "{all:#?}");
     assert_eq!(server.requests(), 5);
 }
+
+/// Two `serve`s on one PostgreSQL share the outbox: each of the notices
+/// of ten periods (a START and a COMPLETE each) reaches the receiver once.
+#[tokio::test]
+async fn two_servers_deliver_each_notice_once_postgres() {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let mut env = Env::orders(Backend::Postgres).await;
+    env.set_var("OL_URL", &format!("{}/api/v1/lineage", server.base));
+    env.edit_pipeline("orders", |text| {
+        format!("{text}\n[lineage]\nurl = \"${{OL_URL}}\"\nnamespace = \"tidemark://test\"\n")
+    });
+    env.tidemark(&[
+        "backfill",
+        "orders",
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2024-01-10",
+        "--enqueue",
+    ])
+    .expect_code(0, "queued");
+    let first = env.spawn(&["serve", "--workers", "2", "--no-schedule", "--drain"]);
+    let second = env.spawn(&["serve", "--workers", "2", "--no-schedule", "--drain"]);
+    first
+        .finish(Duration::from_secs(90))
+        .expect_code(0, "drained");
+    second
+        .finish(Duration::from_secs(90))
+        .expect_code(0, "drained");
+    let all = notices(&env);
+    assert_eq!(all.len(), 20, "{all:#?}");
+    assert!(
+        all.iter()
+            .all(|n| n["status"] == "sent" && n["attempts"] == 1),
+        "{all:#?}"
+    );
+    let hits = server.hits();
+    let keys: HashSet<_> = hits
+        .iter()
+        .map(|h| h.headers.get("idempotency-key").cloned())
+        .collect();
+    assert_eq!((hits.len(), keys.len()), (20, 20), "each notice sent once");
+}

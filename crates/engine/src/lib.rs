@@ -65,7 +65,7 @@ pub use clock::{Clock, ManualClock, ShiftedClock, SystemClock};
 pub use connections::Connections;
 pub use dry_run::{dry_run, DryLine, Target, ACTIONS};
 pub use engine::{Engine, EngineBuilder, KeyOutcome, RunEvent, RunMany, DEFAULT_LEASE_TTL};
-pub use notices::{notice_targets, Deliverer, DeliveryReport, DeliveryTally};
+pub use notices::{notice_targets, Deliverer, DeliveryOutcome, DeliveryReport, DeliveryTally};
 pub use prepare::ABSENT_NOTE;
 pub use presence::{Health, Wedged, HEARTBEAT_LOOP};
 pub use rate_stats::{rate_stats, RateStat};

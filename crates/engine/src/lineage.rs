@@ -108,10 +108,13 @@ pub fn event(pipeline: &Pipeline, namespace: &str, notice: &OutboxNotice) -> ser
 }
 
 /// The input dataset's name: the source without secrets (an HTTP URL with
-/// its `${…}` shown as names, a file path template, a custom source's id).
+/// its `${…}` shown as names and a password as `***`, a file path
+/// template, a custom source's id).
 fn input_name(pipeline: &Pipeline, source: &str) -> String {
     match pipeline.source(source) {
-        Some(SourceSpec::Http(h)) => tidemark_core::spec::redacted_url(&h.url),
+        Some(SourceSpec::Http(h)) => {
+            tidemark_load::redact_url(&tidemark_core::spec::redacted_url(&h.url))
+        }
         Some(SourceSpec::File(f)) => f.path.clone(),
         _ => source.to_string(),
     }

@@ -69,10 +69,21 @@ pub struct DeliveryReport {
     pub kind: String,
     /// Its target.
     pub target: String,
-    /// `sent`, `retry` or `dead`.
-    pub outcome: &'static str,
+    /// Sent, to be tried again, or given up.
+    pub outcome: DeliveryOutcome,
     /// Why it was not sent, if it was not.
     pub error: Option<String>,
+}
+
+/// How a delivery of a notice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    /// The receiver took it.
+    Sent,
+    /// It waits for another try.
+    Retry,
+    /// It is given up (`dead`).
+    Dead,
 }
 
 /// What a run of [`Deliverer::deliver_for`] did.
@@ -131,15 +142,15 @@ impl Deliverer {
         };
         let why = error.clone().unwrap_or_default();
         let (recorded, word) = match outcome {
-            Try::Sent => (Delivered::Sent, "sent"),
+            Try::Sent => (Delivered::Sent, DeliveryOutcome::Sent),
             Try::Retry(_) | Try::Dead if notice.attempts >= MAX_TRIES => {
-                (Delivered::Dead(&why), "dead")
+                (Delivered::Dead(&why), DeliveryOutcome::Dead)
             }
             Try::Retry(after) => (
                 Delivered::Retry(backoff(notice.attempts, after), &why),
-                "retry",
+                DeliveryOutcome::Retry,
             ),
-            Try::Dead => (Delivered::Dead(&why), "dead"),
+            Try::Dead => (Delivered::Dead(&why), DeliveryOutcome::Dead),
         };
         self.store
             .record_notice(&notice.id, &self.owner, &recorded)
@@ -171,9 +182,9 @@ impl Deliverer {
         while started.elapsed() < within {
             match self.deliver_next(pipelines).await {
                 Ok(Some(report)) => match report.outcome {
-                    "sent" => tally.sent += 1,
-                    "dead" => tally.dead += 1,
-                    _ => tally.retried += 1,
+                    DeliveryOutcome::Sent => tally.sent += 1,
+                    DeliveryOutcome::Dead => tally.dead += 1,
+                    DeliveryOutcome::Retry => tally.retried += 1,
                 },
                 Ok(None) => break,
                 Err(e) => {
@@ -192,13 +203,7 @@ impl Deliverer {
             Err(Render::Gone(why)) => return (Try::Dead, Some(why)),
             Err(Render::Later(why)) => return (Try::Retry(None), Some(why)),
         };
-        let shown = match notice.target.as_str() {
-            LINEAGE_TARGET => pipeline.spec.lineage.as_ref().map(|l| redacted_url(&l.url)),
-            target => target_index(target)
-                .and_then(|i| pipeline.spec.notify.get(i))
-                .map(|n| redacted_url(&n.url)),
-        }
-        .unwrap_or_default();
+        let shown = shown_url(pipeline, &notice.target);
         let answer = self
             .client
             .post(&url)
@@ -218,6 +223,19 @@ impl Deliverer {
             }
         }
     }
+}
+
+/// A target's URL as logs and `last_error` may show it: every `${…}` by
+/// its name, a password as `***`.
+fn shown_url(pipeline: &Pipeline, target: &str) -> String {
+    let url = match target {
+        LINEAGE_TARGET => pipeline.spec.lineage.as_ref().map(|l| l.url.as_str()),
+        target => target_index(target)
+            .and_then(|i| pipeline.spec.notify.get(i))
+            .map(|n| n.url.as_str()),
+    };
+    url.map(|u| tidemark_load::redact_url(&redacted_url(u)))
+        .unwrap_or_default()
 }
 
 /// How one POST ended, before the try count is applied.
@@ -265,22 +283,21 @@ fn backoff(tries: i64, asked: Option<Duration>) -> Duration {
     asked.map_or(jittered, |asked| jittered.max(asked))
 }
 
-fn log(notice: &OutboxNotice, outcome: &str, error: Option<&str>) {
+fn log(notice: &OutboxNotice, outcome: DeliveryOutcome, error: Option<&str>) {
     let (pipeline, source, period) = (&notice.pipeline, &notice.source, &notice.period_start);
+    let error = error.unwrap_or_default();
     match outcome {
-        "sent" => tracing::info!(
+        DeliveryOutcome::Sent => tracing::info!(
             pipeline, source, period, notice = %notice.id, kind = %notice.kind,
             target = %notice.target, "notice delivered"
         ),
-        "dead" => tracing::warn!(
+        DeliveryOutcome::Dead => tracing::warn!(
             pipeline, source, period, notice = %notice.id, kind = %notice.kind,
-            target = %notice.target, error = error.unwrap_or_default(),
-            "notice not delivered and given up (dead)"
+            target = %notice.target, error, "notice not delivered and given up (dead)"
         ),
-        _ => tracing::info!(
+        DeliveryOutcome::Retry => tracing::info!(
             pipeline, source, period, notice = %notice.id, kind = %notice.kind,
-            target = %notice.target, error = error.unwrap_or_default(),
-            "notice not delivered; trying again later"
+            target = %notice.target, error, "notice not delivered; trying again later"
         ),
     }
 }
