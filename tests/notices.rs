@@ -202,6 +202,33 @@ async fn receiver_answering_400_makes_the_notice_dead_and_status_shows_it(backen
     table.expect_code(0, "status --notices");
     assert!(table.stdout.contains("dead"), "{table}");
     assert!(table.stdout.contains("1 dead"), "{table}");
+    // And /metrics counts it, for an alert.
+    let addr = crate::observability::free_addr();
+    let listen = addr.to_string();
+    let serve = env.spawn(&[
+        "serve",
+        "--workers",
+        "1",
+        "--no-schedule",
+        "--listen",
+        &listen,
+    ]);
+    crate::observability::wait_ready(addr, &serve).await;
+    let metrics = crate::observability::must_get(addr, "/metrics").await;
+    let m = crate::observability::parse(&metrics.body);
+    let dead = [("pipeline", "orders"), ("status", "dead")];
+    let pending = [("pipeline", "orders"), ("status", "pending")];
+    assert_eq!(
+        crate::observability::value(&m, "tidemark_notices", &dead),
+        1.0
+    );
+    assert_eq!(
+        crate::observability::value(&m, "tidemark_notices", &pending),
+        0.0
+    );
+    serve.signal("TERM");
+    serve.finish(Duration::from_secs(30));
+    assert_eq!(server.requests(), 1, "a dead notice is never sent again");
 }
 
 /// A receiver that is down: the run ends at once (its notice waits), and
