@@ -259,7 +259,14 @@ async fn receiver_down_never_holds_a_run_and_gets_the_notice_once_back(backend: 
         let status = Arc::clone(&status);
         move |_| Reply::status(status.load(Ordering::SeqCst), "application/json", "{}")
     });
-    let serve = env.spawn(&["serve", "--workers", "1", "--no-schedule"]);
+    let serve = env.spawn(&[
+        "serve",
+        "--workers",
+        "1",
+        "--no-schedule",
+        "--public-url",
+        "https://tidemark.example/",
+    ]);
     wait_until("the notice delivered", Duration::from_secs(30), || {
         server.requests() >= 1
     });
@@ -269,6 +276,11 @@ async fn receiver_down_never_holds_a_run_and_gets_the_notice_once_back(backend: 
     serve.finish(Duration::from_secs(30));
     assert_eq!(kinds(&server.hits()), ["failed"]);
     check_bodies(&server.hits());
+    assert_eq!(
+        bodies(&server.hits())[0]["link"],
+        "https://tidemark.example/periods/orders/archive/2024-01-05",
+        "serve --public-url links the period's page"
+    );
     assert_eq!(notices(&env)[0]["status"], "sent");
 }
 

@@ -371,6 +371,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<std::net::SocketAddr>,
 
+    /// Where people reach this service's pages (e.g.
+    /// https://tidemark.example): each notice links to its period's page
+    /// under it.
+    #[arg(long, value_name = "URL")]
+    pub public_url: Option<String>,
+
     /// Link each attempt on the period page to its logs: an http(s) URL
     /// template naming {run_id}, {attempt}, {pipeline} and {period} (the
     /// period's start as stored), e.g.

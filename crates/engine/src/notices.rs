@@ -103,6 +103,8 @@ pub struct Deliverer {
     store: Store,
     owner: String,
     client: reqwest::Client,
+    /// `serve --public-url`: bodies link to their period's page.
+    public_url: Option<String>,
 }
 
 impl Deliverer {
@@ -118,7 +120,15 @@ impl Deliverer {
             store,
             owner,
             client,
+            public_url: None,
         })
+    }
+
+    /// Links each notice to its period's page under `base` (the address
+    /// people reach `serve --listen` at).
+    pub fn public_url(mut self, base: Option<String>) -> Deliverer {
+        self.public_url = base.map(|b| b.trim_end_matches('/').to_string());
+        self
     }
 
     /// One step: claims the oldest deliverable notice of `pipelines`, sends
@@ -198,7 +208,11 @@ impl Deliverer {
 
     /// Renders and POSTs one notice.
     async fn send(&self, pipeline: &Pipeline, notice: &OutboxNotice) -> (Try, Option<String>) {
-        let (url, body) = match render(pipeline, notice) {
+        let link = self
+            .public_url
+            .as_deref()
+            .and_then(|base| period_link(base, pipeline, notice));
+        let (url, body) = match render(pipeline, notice, link.as_deref()) {
             Ok(rendered) => rendered,
             Err(Render::Gone(why)) => return (Try::Dead, Some(why)),
             Err(Render::Later(why)) => return (Try::Retry(None), Some(why)),
@@ -314,10 +328,21 @@ fn target_index(target: &str) -> Option<usize> {
     target.strip_prefix("notify:")?.parse().ok()
 }
 
-/// The URL and the body of a notice for its target.
+/// The link to a notice's period page under `base`.
+fn period_link(base: &str, pipeline: &Pipeline, notice: &OutboxNotice) -> Option<String> {
+    let period = pipeline.period(&notice.period_start).ok()?;
+    Some(format!(
+        "{base}{}",
+        crate::web::period_path(&notice.pipeline, &notice.source, &period)
+    ))
+}
+
+/// The URL and the body of a notice for its target (with `link`, the
+/// period's page, for people's formats).
 fn render(
     pipeline: &Pipeline,
     notice: &OutboxNotice,
+    link: Option<&str>,
 ) -> Result<(String, serde_json::Value), Render> {
     if notice.target == LINEAGE_TARGET {
         let lineage = pipeline.spec.lineage.as_ref().ok_or_else(|| {
@@ -339,20 +364,23 @@ fn render(
     let key = format!("notify[{}].url", index.unwrap_or_default());
     let url = render_url(&notify.url).map_err(|e| Render::Later(format!("{key}: {e}")))?;
     let body = match notify.format {
-        NotifyFormat::Json => json_body(notice),
-        NotifyFormat::Slack => slack_body(notice),
+        NotifyFormat::Json => json_body(notice, link),
+        NotifyFormat::Slack => slack_body(notice, link),
     };
     Ok((url, body))
 }
 
 /// The JSON body of a notice: its id and kind, then what the ledger
 /// recorded (run key, period, attempt and worker, error, counts).
-pub fn json_body(notice: &OutboxNotice) -> serde_json::Value {
+pub fn json_body(notice: &OutboxNotice, link: Option<&str>) -> serde_json::Value {
     let mut body = serde_json::json!({
         "id": notice.id,
         "kind": notice.kind,
         "occurred_at": notice.created_at,
     });
+    if let Some(link) = link {
+        body["link"] = serde_json::Value::String(link.to_string());
+    }
     if let (Some(body), Some(payload)) = (body.as_object_mut(), notice.payload.as_object()) {
         for (k, v) in payload {
             body.entry(k.clone()).or_insert_with(|| v.clone());
@@ -362,7 +390,7 @@ pub fn json_body(notice: &OutboxNotice) -> serde_json::Value {
 }
 
 /// A Slack message (`text`) telling the notice in one line.
-pub fn slack_body(notice: &OutboxNotice) -> serde_json::Value {
+pub fn slack_body(notice: &OutboxNotice, link: Option<&str>) -> serde_json::Value {
     let p = &notice.payload;
     let text = |k: &str| {
         p.get(k)
@@ -392,6 +420,9 @@ pub fn slack_body(notice: &OutboxNotice) -> serde_json::Value {
         if attempt > 0 {
             line.push_str(&format!(" [attempt {attempt}, {}]", text("worker")));
         }
+    }
+    if let Some(link) = link {
+        line.push_str(&format!(" <{link}|period page>"));
     }
     serde_json::json!({ "text": line })
 }

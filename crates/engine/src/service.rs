@@ -61,6 +61,9 @@ pub struct ServiceConfig {
     pub drain: bool,
     /// Queue what is due at each fire of the pipelines' `[schedule]`s.
     pub schedule: bool,
+    /// Where people reach this service's pages (`serve --public-url`):
+    /// notices link to their period's page under it.
+    pub public_url: Option<String>,
 }
 
 impl ServiceConfig {
@@ -677,7 +680,7 @@ async fn deliver(shared: Arc<Shared>) {
     let engine = &shared.engine;
     let deliverer =
         match crate::notices::Deliverer::new(engine.store().clone(), engine.worker().owner()) {
-            Ok(deliverer) => deliverer,
+            Ok(deliverer) => deliverer.public_url(shared.config.public_url.clone()),
             Err(e) => {
                 tracing::error!(error = %e, "cannot deliver notices");
                 return;
