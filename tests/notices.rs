@@ -226,6 +226,15 @@ async fn receiver_answering_400_makes_the_notice_dead_and_status_shows_it(backen
         crate::observability::value(&m, "tidemark_notices", &pending),
         0.0
     );
+    // And the period's page lists it.
+    let page = crate::observability::must_get(addr, "/periods/orders/archive/2024-01-05").await;
+    assert_eq!(page.status, 200);
+    for part in ["Notices", "notice-dead", "HTTP 400"] {
+        assert!(
+            page.body.contains(part),
+            "{part:?} missing from the period page"
+        );
+    }
     serve.signal("TERM");
     serve.finish(Duration::from_secs(30));
     assert_eq!(server.requests(), 1, "a dead notice is never sent again");

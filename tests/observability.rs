@@ -44,7 +44,7 @@ max_rejects = 3
 
 /// An HTTP answer: status and body.
 pub(crate) struct Answer {
-    status: u16,
+    pub(crate) status: u16,
     pub(crate) body: String,
 }
 

@@ -598,7 +598,12 @@ pub(crate) async fn interrupt<D: Driver>(
     why: &str,
 ) -> Result<(), Error> {
     let mut tx = driver.begin().await?;
-    let before = notices::before::<D>(&mut tx, lease).await?;
+    // An interruption is news to lineage only (people hear of failures).
+    let before = if lease.notices.lineage {
+        notices::before::<D>(&mut tx, lease).await?
+    } else {
+        None
+    };
     let updated = tx
         .execute(
             &sql::<D>().interrupt_run,
