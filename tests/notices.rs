@@ -27,6 +27,7 @@ backend_tests! {
     prune_removes_sent_notices_and_keeps_dead_ones: prune_removes_sent_notices_and_keeps_dead_ones_sqlite, prune_removes_sent_notices_and_keeps_dead_ones_postgres;
     lineage_events_of_an_interrupted_backfill_validate: lineage_events_of_an_interrupted_backfill_validate_sqlite, lineage_events_of_an_interrupted_backfill_validate_postgres;
     serve_drain_tells_what_its_runs_changed_before_it_exits: serve_drain_tells_what_its_runs_changed_before_it_exits_sqlite, serve_drain_tells_what_its_runs_changed_before_it_exits_postgres;
+    a_done_key_made_stale_is_told_stale_once: a_done_key_made_stale_is_told_stale_once_sqlite, a_done_key_made_stale_is_told_stale_once_postgres;
 }
 
 /// Two `serve`s on one PostgreSQL find the same late key: it is queued
@@ -750,4 +751,45 @@ async fn two_servers_deliver_each_notice_once_postgres() {
         .map(|h| h.headers.get("idempotency-key").cloned())
         .collect();
     assert_eq!((hits.len(), keys.len()), (20, 20), "each notice sent once");
+}
+
+/// A done key that a new handler `version` makes stale is told `stale`
+/// by `serve`'s scheduler, once (a restarted scheduler queues nothing more).
+async fn a_done_key_made_stale_is_told_stale_once(backend: Backend) {
+    let status = Arc::new(AtomicU16::new(200));
+    let server = receiver(&status);
+    let mut env = Env::orders(backend).await;
+    env.set_var("ALERT_URL", &format!("{}/hook?token={SECRET}", server.base));
+    env.set_var("TIDEMARK_NOW", "2024-01-06T12:00:00Z");
+    env.set_option("orders", "period", "start", "\"2024-01-05\"");
+    env.edit_pipeline("orders", |text| {
+        format!(
+            "{text}\n[schedule]\nevery = \"1h\"\n\n[[notify]]\nurl = \"${{ALERT_URL}}\"\non = [\"stale\"]\n"
+        )
+    });
+    env.tidemark(&["run", "orders", "--period", DAY])
+        .expect_code(0, "done under version 1");
+    assert_eq!(server.requests(), 0, "a first load is no news");
+    env.edit_pipeline("orders", |text| {
+        text.replacen("version = \"1\"", "version = \"2\"", 1)
+    });
+    for _ in 0..2 {
+        let serve = env.spawn(&["serve", "--workers", "1"]);
+        wait_until(
+            "the stale notice delivered",
+            Duration::from_secs(30),
+            || server.requests() >= 1,
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        serve.signal("TERM");
+        serve.finish(Duration::from_secs(30));
+    }
+    let hits = server.hits();
+    assert_eq!(kinds(&hits), ["stale"], "{:#?}", bodies(&hits));
+    let reason = bodies(&hits)[0]["stale_reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(reason.contains("version 1 -> 2"), "{reason}");
+    check_bodies(&hits);
 }

@@ -403,7 +403,7 @@ pub fn slack_body(notice: &OutboxNotice, link: Option<&str>) -> serde_json::Valu
         "recovered" => "recovered: done again after failing",
         "late" => "is late: not done",
         "guard_refused" => "failed: a reconciliation was refused by the delete guard",
-        "stale" => "is stale",
+        "stale" => "is stale: done under another version or [fields]",
         "incomplete" => "failed: incomplete",
         "test" => "test notice: the wiring works",
         other => other,
@@ -565,6 +565,85 @@ pub async fn queue_late(
                         .await?,
                 );
             }
+        }
+    }
+    Ok(queued)
+}
+
+/// Queues a `stale` notice for every done run key of `pipeline`, due
+/// within [`LATE_LOOKBACK`] of `now`, that is stale against the pipeline's
+/// current handler `version` and `[fields]`: once per run key and pipeline
+/// identity (the outbox's UNIQUE key), however many schedulers look. A key
+/// is not stale in the ledger (it is judged against the file), so this is
+/// found where the file is read: by `serve`'s scheduler. Returns how many
+/// were new.
+pub async fn queue_stale(
+    store: &Store,
+    pipeline: &Pipeline,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<u64, Error> {
+    let targets: Vec<String> = notice_targets(pipeline)
+        .wanting(NoticeKind::Stale)
+        .collect();
+    let Some(first) = pipeline.first_period.filter(|_| !targets.is_empty()) else {
+        return Ok(0);
+    };
+    let span = chrono::Duration::from_std(LATE_LOOKBACK + pipeline.lag).unwrap_or_default();
+    let oldest = tidemark_core::Period::containing_instant(
+        pipeline.spec.period.granularity,
+        pipeline.spec.period.timezone,
+        now - span,
+    );
+    let from = if oldest.start() > first.start() {
+        oldest
+    } else {
+        first
+    };
+    let from = from.start_rfc3339();
+    let fingerprint = pipeline.fields_fingerprint();
+    let version = &pipeline.spec.version;
+    let identity = format!("version {version}; fields {}", fingerprint.as_str());
+    let mut stale = Vec::new();
+    store
+        .status_each(
+            &pipeline.spec.name,
+            tidemark_load::StartRange {
+                from: Some(&from),
+                to: None,
+            },
+            |mut entry| {
+                entry.judge_staleness(version, &fingerprint);
+                if entry.stale && entry.export_type == pipeline.spec.export_type {
+                    stale.push(entry);
+                }
+                Ok(())
+            },
+        )
+        .await?;
+    let mut queued = 0;
+    for entry in &stale {
+        let payload = serde_json::json!({
+            "pipeline": entry.pipeline,
+            "source": entry.source,
+            "export_type": entry.export_type,
+            "period_start": entry.period_start,
+            "period_end": entry.period_end,
+            "attempt": entry.attempts,
+            "run_id": entry.run_id,
+            "stale_reason": entry.stale_reason,
+        });
+        for target in &targets {
+            let new = NewNotice {
+                kind: NoticeKind::Stale,
+                target,
+                pipeline: &entry.pipeline,
+                source: &entry.source,
+                export_type: &entry.export_type,
+                period_start: &entry.period_start,
+                due_key: &identity,
+                payload: &payload,
+            };
+            queued += u64::from(store.insert_notice(&new).await?);
         }
     }
     Ok(queued)

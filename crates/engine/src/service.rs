@@ -796,15 +796,23 @@ async fn fire_due(shared: &Shared) -> Option<DateTime<Utc>> {
     earliest
 }
 
-/// Queues the `late` notices of `pipeline` at `now` (see
-/// [`crate::notices::queue_late`]); a failure is logged and the next fire
-/// looks again.
+/// Queues the `late` and `stale` notices of `pipeline` at `now` (see
+/// [`crate::notices::queue_late`], [`crate::notices::queue_stale`]); a
+/// failure is logged and the next fire looks again.
 async fn tell_late(shared: &Shared, pipeline: &Pipeline, now: DateTime<Utc>) {
-    match crate::notices::queue_late(shared.engine.store(), pipeline, now).await {
+    let store = shared.engine.store();
+    match crate::notices::queue_late(store, pipeline, now).await {
         Ok(0) => {}
         Ok(late) => tracing::info!(pipeline = %pipeline.spec.name, late, "run keys late: told"),
         Err(e) => {
             tracing::warn!(pipeline = %pipeline.spec.name, error = %e, "could not look for late run keys; looking at the next fire");
+        }
+    }
+    match crate::notices::queue_stale(store, pipeline, now).await {
+        Ok(0) => {}
+        Ok(stale) => tracing::info!(pipeline = %pipeline.spec.name, stale, "run keys stale: told"),
+        Err(e) => {
+            tracing::warn!(pipeline = %pipeline.spec.name, error = %e, "could not look for stale run keys; looking at the next fire");
         }
     }
 }

@@ -28,7 +28,8 @@ pub enum NoticeKind {
     Late,
     /// A reconciliation refused by the delete guard.
     GuardRefused,
-    /// → stale (reserved: not sent yet).
+    /// A done key became stale: another handler `version` or `[fields]`
+    /// (found by `serve`'s scheduler).
     Stale,
     /// → failed with class `incomplete` (rows read ≠ the declared total).
     Incomplete,
