@@ -13,7 +13,9 @@
 #   - chromium and chromedriver (Debian's `chromium`, `chromium-driver`),
 #     which drive the status page in a real headless browser;
 #   - pgbouncer, which the tests start in transaction mode in front of the
-#     test server (tests/pooling.rs); Debian installs it in /usr/sbin.
+#     test server (tests/pooling.rs); Debian installs it in /usr/sbin;
+#   - openlineage-python (PyPI), the OpenLineage reference client that
+#     checks the lineage events (tests/lineage/validate.py, tests/notices.rs).
 # Nothing here starts Prometheus: only its promtool is used.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -39,4 +41,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   # No recommends: the prometheus package would bring node-exporter.
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
+fi
+
+# The OpenLineage reference client, for the lineage events' check.
+if ! python3 -c "import openlineage.client" >/dev/null 2>&1; then
+  echo "installing openlineage-python..." >&2
+  # A Debian python (PEP 668) refuses a plain install; this is a test machine.
+  python3 -m pip install --quiet --root-user-action=ignore openlineage-python ||
+    python3 -m pip install --quiet --root-user-action=ignore --break-system-packages openlineage-python
 fi

@@ -43,9 +43,9 @@ max_rejects = 3
 "#;
 
 /// An HTTP answer: status and body.
-struct Answer {
-    status: u16,
-    body: String,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) body: String,
 }
 
 /// `GET path` on `addr` (HTTP/1.1, one request per connection), or `None`
@@ -69,20 +69,20 @@ async fn get(addr: SocketAddr, path: &str) -> Option<Answer> {
 }
 
 /// `GET path`, which must answer.
-async fn must_get(addr: SocketAddr, path: &str) -> Answer {
+pub(crate) async fn must_get(addr: SocketAddr, path: &str) -> Answer {
     get(addr, path)
         .await
         .unwrap_or_else(|| panic!("GET {path} on {addr}: no answer"))
 }
 
 /// A free port on the loopback address.
-fn free_addr() -> SocketAddr {
+pub(crate) fn free_addr() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     listener.local_addr().expect("local addr")
 }
 
 /// Waits until `addr` answers `/readyz` with 200.
-async fn wait_ready(addr: SocketAddr, serve: &Running) {
+pub(crate) async fn wait_ready(addr: SocketAddr, serve: &Running) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(answer) = get(addr, "/readyz").await {
@@ -100,11 +100,11 @@ async fn wait_ready(addr: SocketAddr, serve: &Running) {
 }
 
 /// One sample: metric name (as exposed) and labels.
-type Key = (String, BTreeMap<String, String>);
+pub(crate) type Key = (String, BTreeMap<String, String>);
 
 /// The exposition, parsed by `prometheus-parse`: every sample's value
 /// (a histogram as its `_count`, kept under `NAME_count`).
-fn parse(text: &str) -> BTreeMap<Key, f64> {
+pub(crate) fn parse(text: &str) -> BTreeMap<Key, f64> {
     let lines = text.lines().map(|l| Ok(l.to_string()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("a valid exposition");
     let mut samples = BTreeMap::new();
@@ -140,7 +140,7 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 /// The value of one series, which must exist.
-fn value(samples: &BTreeMap<Key, f64>, name: &str, pairs: &[(&str, &str)]) -> f64 {
+pub(crate) fn value(samples: &BTreeMap<Key, f64>, name: &str, pairs: &[(&str, &str)]) -> f64 {
     let key = (name.to_string(), labels(pairs));
     *samples
         .get(&key)

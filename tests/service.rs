@@ -185,7 +185,7 @@ async fn two_servers_share_the_queue_each_key_once(backend: Backend) {
 // ---------------------------------------------------------------------------
 
 /// Day 8 of the orders example behind a FIFO, five rows a batch.
-struct SlowDay {
+pub(crate) struct SlowDay {
     path: std::path::PathBuf,
     export: String,
     csv: Csv,
@@ -193,7 +193,7 @@ struct SlowDay {
 }
 
 impl SlowDay {
-    fn new(env: &Env) -> SlowDay {
+    pub(crate) fn new(env: &Env) -> SlowDay {
         env.set_option("orders", "load", "batch_size", "5");
         let path = env.path("pipelines/data/orders/2024/01/08/orders.csv");
         let export = fs::read_to_string(&path).expect("read export");
@@ -209,7 +209,7 @@ impl SlowDay {
 
     /// Writes rows `from..to` (0-based) of the export into the FIFO, with
     /// the header before the first.
-    fn feed(&self, from: usize, to: usize) {
+    pub(crate) fn feed(&self, from: usize, to: usize) {
         let text = Csv {
             header: self.csv.header.clone(),
             rows: self.csv.rows[from..to].to_vec(),
@@ -229,7 +229,7 @@ impl SlowDay {
 
     /// Replaces the FIFO by the whole export as a regular file (a reader
     /// that has the FIFO open keeps it).
-    fn make_regular(&mut self) {
+    pub(crate) fn make_regular(&mut self) {
         self.fifo.take();
         let _ = fs::remove_file(&self.path);
         fs::write(&self.path, &self.export).expect("write the whole export");
@@ -237,7 +237,7 @@ impl SlowDay {
 }
 
 /// Waits until day 8's run row has committed `batches` batches.
-async fn wait_for_batches(env: &Env, batches: u32) {
+pub(crate) async fn wait_for_batches(env: &Env, batches: u32) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let sql = format!(
         "FROM _tm_runs WHERE {}",

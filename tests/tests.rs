@@ -20,6 +20,7 @@ mod http;
 mod library;
 mod mark;
 mod memory_budget;
+mod notices;
 mod observability;
 mod ownership;
 mod page;

@@ -102,8 +102,12 @@ pub enum Command {
     Status(StatusArgs),
     /// Check pipeline files without touching any database.
     Validate(ValidateArgs),
-    /// Delete attempt history and rejected records older than a duration.
+    /// Delete attempt history, rejected records and delivered notices
+    /// older than a duration.
     Prune(PruneArgs),
+    /// Notices: `notify test PIPELINE` sends one sample notice to every
+    /// `[[notify]]` target of the pipeline, to check the wiring.
+    Notify(NotifyArgs),
     /// Apply the ledger migrations (also done on every start).
     Migrate,
     /// Print a shell completion script for tidemark on stdout.
@@ -367,6 +371,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<std::net::SocketAddr>,
 
+    /// Where people reach this service's pages (e.g.
+    /// https://tidemark.example): each notice links to its period's page
+    /// under it.
+    #[arg(long, value_name = "URL")]
+    pub public_url: Option<String>,
+
     /// Link each attempt on the period page to its logs: an http(s) URL
     /// template naming {run_id}, {attempt}, {pipeline} and {period} (the
     /// period's start as stored), e.g.
@@ -467,6 +477,12 @@ pub struct StatusArgs {
     #[arg(long, value_enum)]
     pub only: Option<StatusOnly>,
 
+    /// The pipeline's notices (of --period, if given) and their delivery
+    /// state (`pending`, `sent`, `dead` with the last error) instead of
+    /// the run keys; with --json one object per notice.
+    #[arg(long)]
+    pub notices: bool,
+
     /// One JSON object per run key instead of a table (and no calendar
     /// or summary line: every line is a run key, as documented).
     #[arg(long)]
@@ -551,6 +567,23 @@ pub struct ValidateArgs {
     /// The period to check with --check-source (default: the current period).
     #[arg(long, requires = "check_source")]
     pub period: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct NotifyArgs {
+    #[command(subcommand)]
+    pub action: NotifyAction,
+}
+
+/// What `notify` does.
+#[derive(Debug, Subcommand)]
+pub enum NotifyAction {
+    /// Queue and send one `test` notice to every `[[notify]]` target of
+    /// the pipeline; exit 1 unless every receiver took it.
+    Test {
+        /// Pipeline name (pipelines/NAME.toml) or path to a .toml file.
+        pipeline: String,
+    },
 }
 
 #[derive(Debug, Args)]

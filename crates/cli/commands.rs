@@ -10,8 +10,8 @@ use tidemark_engine::{
 };
 
 use crate::cli::{
-    BackfillArgs, CancelArgs, Cli, Command, MarkArgs, MarkAsArg, PruneArgs, RunArgs, SyncArgs,
-    ValidateArgs,
+    BackfillArgs, CancelArgs, Cli, Command, MarkArgs, MarkAsArg, NotifyAction, NotifyArgs,
+    PruneArgs, RunArgs, SyncArgs, ValidateArgs,
 };
 use crate::exit::Exit;
 use crate::setup::{range, source_ids, Setup};
@@ -38,6 +38,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit, Error> {
         Command::Status(args) => crate::status::status(&setup, args).await,
         Command::Validate(args) => validate(&setup, &args).await,
         Command::Prune(args) => prune(&setup, args).await,
+        Command::Notify(args) => notify(&setup, args).await,
         Command::Migrate => {
             setup.connect(Connections::runs(0)).await?.migrate().await?;
             tell!("ledger migrations applied");
@@ -76,6 +77,7 @@ async fn run(
     }
     let store = setup.connect(Connections::runs(1)).await?;
     let engine = setup.engine(store, signals());
+    let told = [Arc::clone(&target.pipeline)];
     let planner = engine.plan(target.pipeline, target.sources, target.ask);
     let how = RunMany {
         concurrency: 1,
@@ -94,6 +96,7 @@ async fn run(
         },
     )
     .await;
+    engine.deliver_notices(&told).await;
     engine.close().await;
     match fed.error {
         Some(error) => Err(error),
@@ -192,6 +195,7 @@ async fn backfill(
     let concurrency = crate::cli::concurrency(args.concurrency, &global.database_url);
     let store = setup.connect(Connections::runs(concurrency)).await?;
     let engine = setup.engine(store, signals());
+    let told = [Arc::clone(&pipeline)];
     let planner = engine.plan(pipeline, sources, ask);
     let how = RunMany {
         concurrency,
@@ -209,6 +213,7 @@ async fn backfill(
         },
     )
     .await;
+    engine.deliver_notices(&told).await;
     engine.close().await;
     let exit = summary.finish();
     if let Some(error) = fed.error {
@@ -282,6 +287,7 @@ async fn sync(
     let engine = setup.engine(store, signals());
     // The due periods not done yet, plus forced re-runs of the last
     // `lookback` done ones and of provisional ones now due (see `plan`).
+    let told: Vec<Arc<Pipeline>> = targets.iter().map(|t| Arc::clone(&t.pipeline)).collect();
     let planners = targets
         .into_iter()
         .map(|t| engine.plan(t.pipeline, t.sources, t.ask))
@@ -296,6 +302,7 @@ async fn sync(
         summary.add(key, outcome);
     })
     .await;
+    engine.deliver_notices(&told).await;
     engine.close().await;
     if fed.jobs == 0 {
         if let Some(error) = fed.error {
@@ -574,4 +581,40 @@ async fn prune(setup: &Setup<'_>, args: PruneArgs) -> Result<Exit, Error> {
         pruned.map_err(|e| crate::exit::flag(e, "older than", "--older-than"))?;
     say!("pruned {attempts} attempt record(s) and {rejects} rejected record(s)");
     Ok(Exit::Success)
+}
+
+/// `notify test PIPELINE`: one `test` notice per `[[notify]]` target,
+/// queued in the outbox and delivered at once like any other; exit 1
+/// unless every receiver took it (the reason is logged).
+async fn notify(setup: &Setup<'_>, args: NotifyArgs) -> Result<Exit, Error> {
+    let NotifyAction::Test { pipeline } = args.action;
+    let pipeline = Arc::new(setup.load(&pipeline)?);
+    if pipeline.spec.notify.is_empty() {
+        return Err(Error::config(
+            pipeline.file_name(),
+            "notify",
+            "the pipeline has no [[notify]] target to test",
+        ));
+    }
+    let store = setup.connect(Connections::runs(0)).await?;
+    let engine = setup.engine(store, Shutdown::new());
+    let queued =
+        tidemark_engine::notices::queue_test(engine.store(), &pipeline, setup.clock.now()).await;
+    let tally = match queued {
+        Ok(_) => Ok(engine.deliver_notices(&[Arc::clone(&pipeline)]).await),
+        Err(e) => Err(e),
+    };
+    engine.close().await;
+    let tally = tally?;
+    say!(
+        "test notices: {} sent, {} to try again later, {} refused (dead)",
+        tally.sent,
+        tally.retried,
+        tally.dead
+    );
+    Ok(if tally.retried == 0 && tally.dead == 0 {
+        Exit::Success
+    } else {
+        Exit::Failed
+    })
 }

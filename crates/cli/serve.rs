@@ -17,6 +17,7 @@ pub async fn serve(setup: &Setup<'_>, args: ServeArgs) -> Result<Exit, Error> {
         poll: args.poll_interval,
         drain: args.drain,
         schedule: !args.no_schedule,
+        public_url: args.public_url.clone(),
     };
     // The pipelines are checked before the database is opened: a
     // configuration error touches nothing.

@@ -33,6 +33,9 @@ pub async fn status(setup: &Setup<'_>, args: StatusArgs) -> Result<Exit, Error> 
         (None, Some(from), Some(to)) => Some(crate::setup::range(&pipeline, from, to)?),
         _ => None,
     };
+    if args.notices {
+        return notices(setup, &pipeline, asked.map(|(p, _)| p), args.json).await;
+    }
     let only = args.only.map(crate::cli::StatusOnly::filter);
     let query = StatusQuery {
         range: tidemark_engine::status::expected_range(&pipeline, asked, only, now)?,
@@ -210,4 +213,55 @@ fn line_of(item: &StatusItem) -> StatusLine<'_> {
             due: *due,
         },
     }
+}
+
+/// `status --notices`: the pipeline's notices (of one period, if given),
+/// oldest first, with their delivery state; one JSON object per notice
+/// with `--json`.
+async fn notices(
+    setup: &Setup<'_>,
+    pipeline: &Pipeline,
+    period: Option<Period>,
+    json: bool,
+) -> Result<Exit, Error> {
+    let Some(store) = setup.open_read_only().await? else {
+        say!("no notices: nothing has run against this database");
+        return Ok(Exit::Success);
+    };
+    let start = period.map(|p| p.start_rfc3339());
+    let notices = store.notices(&pipeline.spec.name, start.as_deref()).await;
+    store.close().await;
+    let notices = notices?;
+    for n in &notices {
+        if json {
+            say!("{}", serde_json::to_string(n).unwrap_or_default());
+        } else {
+            say!(
+                "{}  {:<13} {:<9} {:<10} {:<25} attempt {:<3} {:<7} tries {}{}",
+                n.id,
+                n.kind,
+                n.target,
+                n.source,
+                n.period_start,
+                n.attempt,
+                n.status,
+                n.attempts,
+                n.last_error
+                    .as_deref()
+                    .map(|e| format!("  last error: {e}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if !json {
+        let count = |status: &str| notices.iter().filter(|n| n.status == status).count();
+        say!(
+            "{} notice(s): {} sent, {} pending, {} dead",
+            notices.len(),
+            count("sent"),
+            count("pending"),
+            count("dead")
+        );
+    }
+    Ok(Exit::Success)
 }

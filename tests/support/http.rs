@@ -44,6 +44,8 @@ pub struct Request {
     pub nth: usize,
     /// The server's own base URL (`http://127.0.0.1:PORT`).
     pub base: String,
+    /// The request body (`Content-Length` bodies only; empty otherwise).
+    pub body: Vec<u8>,
 }
 
 impl Request {
@@ -176,6 +178,15 @@ pub struct Server {
 
 impl Server {
     pub fn start(handler: impl Fn(&Request) -> Reply + Send + Sync + 'static) -> Server {
+        Server::start_on("127.0.0.1:0", handler)
+    }
+
+    /// [`Server::start`] on this address (`127.0.0.1:PORT`): a receiver
+    /// that comes back on the port a client was refused at.
+    pub fn start_on(
+        addr: &str,
+        handler: impl Fn(&Request) -> Reply + Send + Sync + 'static,
+    ) -> Server {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -183,7 +194,8 @@ impl Server {
             .expect("server runtime");
         // Bound here, not on the runtime: a test may start a server from
         // inside its own runtime, where `block_on` is not allowed.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let listener =
+            std::net::TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
         listener
             .set_nonblocking(true)
             .expect("nonblocking listener");
@@ -245,12 +257,13 @@ async fn connection(mut stream: TcpStream, shared: Arc<Shared>) {
         let head = String::from_utf8_lossy(&buf[..end]).into_owned();
         buf.drain(..end + 4);
         let at = Instant::now();
-        let Some(request) = parse_request(&head, &shared, at) else {
+        let Some(mut request) = parse_request(&head, &shared, at) else {
             return;
         };
-        if !skip_body(&mut stream, &mut buf, &request).await {
+        let Some(body) = read_body(&mut stream, &mut buf, &request).await else {
             return;
-        }
+        };
+        request.body = body;
         let handler = Arc::clone(&shared.handler);
         let asked = request.clone();
         let Ok(reply) = tokio::task::spawn_blocking(move || handler(&asked)).await else {
@@ -294,9 +307,13 @@ async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<usize> {
     }
 }
 
-/// Drops a request body (`Content-Length` only: clients send small ones,
-/// if any); `false` when the connection ended first.
-async fn skip_body(stream: &mut TcpStream, buf: &mut Vec<u8>, request: &Request) -> bool {
+/// Reads a request body (`Content-Length` only: clients send small ones,
+/// if any); `None` when the connection ended first.
+async fn read_body(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    request: &Request,
+) -> Option<Vec<u8>> {
     let length: usize = request
         .headers
         .get("content-length")
@@ -305,12 +322,11 @@ async fn skip_body(stream: &mut TcpStream, buf: &mut Vec<u8>, request: &Request)
     while buf.len() < length {
         let mut chunk = [0u8; 8192];
         match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return false,
+            Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
-    buf.drain(..length);
-    true
+    Some(buf.drain(..length).collect())
 }
 
 fn parse_request(head: &str, shared: &Shared, at: Instant) -> Option<Request> {
@@ -351,6 +367,7 @@ fn parse_request(head: &str, shared: &Shared, at: Instant) -> Option<Request> {
         headers,
         nth,
         base: shared.base.clone(),
+        body: Vec::new(),
     })
 }
 

@@ -245,12 +245,25 @@ impl Env {
         self.spawn_on(Some(host), &self.db.url(), args)
     }
 
+    /// Starts tidemark in the background without the test's variables
+    /// `unset` (a process that lacks a secret the others have).
+    pub fn spawn_without(&self, unset: &[&str], args: &[&str]) -> Running {
+        let mut command = self.command(args);
+        for name in unset {
+            command.env_remove(name);
+        }
+        self.spawn_command(command, args)
+    }
+
     fn spawn_on(&self, host: Option<&str>, url: &str, args: &[&str]) -> Running {
+        self.spawn_command(self.command_on(host, url, args), args)
+    }
+
+    fn spawn_command(&self, mut command: Command, args: &[&str]) -> Running {
         let n = self.spawned.fetch_add(1, Ordering::SeqCst);
         let stdout = self.path(format!("proc-{n}.stdout"));
         let stderr = self.path(format!("proc-{n}.stderr"));
-        let child = self
-            .command_on(host, url, args)
+        let child = command
             .stdout(fs::File::create(&stdout).expect("stdout file"))
             .stderr(fs::File::create(&stderr).expect("stderr file"))
             .spawn()

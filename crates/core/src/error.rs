@@ -196,6 +196,11 @@ pub enum Error {
     /// A safety rail refused the work.
     #[error("{0}")]
     Invariant(String),
+    /// The delete guard refused a reconciliation (`max_delete_fraction`, an
+    /// empty source): an invariant error that notices tell apart
+    /// (`guard_refused`).
+    #[error("{0}")]
+    DeletesRefused(String),
     /// A stored checkpoint no longer fits the source (the files were
     /// regenerated, the page changed, the pagination style was edited): the
     /// attempt cannot resume from it and starts the period over instead.
@@ -256,9 +261,10 @@ impl Error {
             Error::Parse { .. } => ErrorClass::Parse,
             Error::Contract { .. } | Error::SourceDrift { .. } => ErrorClass::Contract,
             Error::Incomplete(_) => ErrorClass::Incomplete,
-            Error::Invariant(_) | Error::StaleCheckpoint(_) | Error::LeaseLost(_) => {
-                ErrorClass::Invariant
-            }
+            Error::Invariant(_)
+            | Error::DeletesRefused(_)
+            | Error::StaleCheckpoint(_)
+            | Error::LeaseLost(_) => ErrorClass::Invariant,
             Error::Source { .. } => ErrorClass::Source,
             Error::Database { .. } | Error::Storage { .. } => ErrorClass::Database,
             Error::TempFile { .. } => ErrorClass::Config,

@@ -148,6 +148,29 @@ impl Template {
         Ok(out)
     }
 
+    /// Renders a template that reads nothing but the environment (a
+    /// `[[notify]]` or `[lineage]` URL, checked at load to hold no other
+    /// placeholder): `env` looks each variable up.
+    pub fn render_env_only(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<String, MissingEnv> {
+        let mut out = String::new();
+        for segment in &self.segments {
+            match segment {
+                Segment::Literal(s) => out.push_str(s),
+                Segment::Env(name) => {
+                    out.push_str(&env(name).ok_or_else(|| MissingEnv(name.clone()))?)
+                }
+                Segment::PeriodStart(_)
+                | Segment::PeriodEnd(_)
+                | Segment::SourceId
+                | Segment::PipelineName => {}
+            }
+        }
+        Ok(out)
+    }
+
     /// Renders with every `${ENV}` replaced by `***`: safe to log.
     pub fn render_redacted(&self, ctx: &TemplateContext<'_>) -> String {
         self.render_with_env(ctx, |_| Some("***".to_string()))

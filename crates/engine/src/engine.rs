@@ -408,6 +408,33 @@ impl Engine {
         format!("mark:{user}@{}:{}", me.host, me.pid)
     }
 
+    /// Delivers what is deliverable now of the outbox's notices of
+    /// `pipelines`, for at most [`crate::notices::COMMAND_DELIVERY`]: what a
+    /// command (`run`, `backfill`, `sync`) does before it exits. What it
+    /// could not deliver stays queued for the next command or `serve`;
+    /// nothing here fails.
+    pub async fn deliver_notices(&self, pipelines: &[Arc<Pipeline>]) -> crate::DeliveryTally {
+        // After a stop request the process is ending: its notices wait.
+        if self.shutdown().requested()
+            || pipelines
+                .iter()
+                .all(|p| crate::notices::notice_targets(p).is_empty())
+        {
+            return crate::DeliveryTally::default();
+        }
+        match crate::Deliverer::new(self.store().clone(), self.worker().owner()) {
+            Ok(deliverer) => {
+                deliverer
+                    .deliver_for(pipelines, crate::notices::COMMAND_DELIVERY)
+                    .await
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot deliver notices; they stay queued");
+                crate::DeliveryTally::default()
+            }
+        }
+    }
+
     /// Notes this worker's graceful end in the ledger (when it worked) and
     /// closes the store's connections (SQLite: checkpoints its WAL).
     pub async fn close(&self) {

@@ -47,6 +47,8 @@ mod clock;
 mod connections;
 mod dry_run;
 mod engine;
+pub mod lineage;
+pub mod notices;
 pub mod plan;
 mod prepare;
 mod presence;
@@ -63,6 +65,7 @@ pub use clock::{Clock, ManualClock, ShiftedClock, SystemClock};
 pub use connections::Connections;
 pub use dry_run::{dry_run, DryLine, Target, ACTIONS};
 pub use engine::{Engine, EngineBuilder, KeyOutcome, RunEvent, RunMany, DEFAULT_LEASE_TTL};
+pub use notices::{notice_targets, Deliverer, DeliveryOutcome, DeliveryReport, DeliveryTally};
 pub use prepare::ABSENT_NOTE;
 pub use presence::{Health, Wedged, HEARTBEAT_LOOP};
 pub use rate_stats::{rate_stats, RateStat};
@@ -75,6 +78,6 @@ pub use shutdown::Shutdown;
 pub use tidemark_core::{Error, ErrorClass, Period, Pipeline, RunKey};
 pub use tidemark_extract::{Batch, BatchSource, Checkpoint, OpenRequest, OpenSource};
 pub use tidemark_load::{
-    AttemptEntry, HeldKey, History, LedgerEntry, MarkAs, Marked, RejectEntry, Store, StoreOptions,
-    WorkerEntry, WorkerId, WorkerKind, WorkerState,
+    AttemptEntry, HeldKey, History, LedgerEntry, MarkAs, Marked, NoticeKind, OutboxNotice,
+    RejectEntry, Store, StoreOptions, WorkerEntry, WorkerId, WorkerKind, WorkerState,
 };

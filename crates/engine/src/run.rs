@@ -198,6 +198,7 @@ pub(crate) fn claim_request(
         provisional: flags.provisional,
         worker: worker.clone(),
         lease_ttl,
+        notices: crate::notices::notice_targets(pipeline),
     }
 }
 

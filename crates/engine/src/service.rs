@@ -61,6 +61,9 @@ pub struct ServiceConfig {
     pub drain: bool,
     /// Queue what is due at each fire of the pipelines' `[schedule]`s.
     pub schedule: bool,
+    /// Where people reach this service's pages (`serve --public-url`):
+    /// notices link to their period's page under it.
+    pub public_url: Option<String>,
 }
 
 impl ServiceConfig {
@@ -142,6 +145,8 @@ impl Service {
                 reloaded: Notify::new(),
                 lease_lost: AtomicBool::new(false),
                 next_fires: Mutex::new(HashMap::new()),
+                delivery_stop: AtomicBool::new(false),
+                delivery_wake: Notify::new(),
             }),
         })
     }
@@ -203,12 +208,25 @@ impl Service {
             self.fire_due().await;
             background.spawn(schedule(Arc::clone(shared)));
         }
+        let delivering = tokio::spawn(deliver(Arc::clone(shared)));
         let mut workers = JoinSet::new();
         for slot in 0..config.workers {
             workers.spawn(work(Arc::clone(shared), slot));
         }
         while workers.join_next().await.is_some() {}
         background.abort_all();
+        // The deliverer ends between two deliveries, never inside one (a
+        // notice abandoned mid-claim would stay leased to nobody).
+        shared.delivery_stop.store(true, Ordering::SeqCst);
+        shared.delivery_wake.notify_waiters();
+        let _ = delivering.await;
+        // A draining service tells what its last runs changed before it
+        // ends, as a command does (bounded; the rest stays queued).
+        if !shared.engine.shutdown().requested() {
+            let pipelines: Vec<Arc<Pipeline>> =
+                shared.pipelines().by_name.values().cloned().collect();
+            shared.engine.deliver_notices(&pipelines).await;
+        }
         tracing::info!("stopped");
         ServiceEnd {
             lease_lost: shared.lease_lost.load(Ordering::SeqCst),
@@ -309,6 +327,10 @@ struct Shared {
     lease_lost: AtomicBool,
     /// Each scheduled pipeline's next fire.
     next_fires: Mutex<HashMap<String, DateTime<Utc>>>,
+    /// The deliverer's stop: set once the workers have ended.
+    delivery_stop: AtomicBool,
+    /// Wakes the deliverer from its poll to see `delivery_stop`.
+    delivery_wake: Notify,
 }
 
 impl Shared {
@@ -328,6 +350,8 @@ impl Shared {
             provisional: false,
             worker: self.engine.worker().clone(),
             lease_ttl: self.engine.context().lease_ttl,
+            // Each queued key's pipeline says who is told (`QueuePipeline`).
+            notices: Default::default(),
         }
     }
 }
@@ -433,6 +457,7 @@ impl Pipelines {
                     .ok()
                     .and_then(|lag| now.checked_sub_signed(lag))
                     .unwrap_or(DateTime::<Utc>::MIN_UTC),
+                notices: crate::notices::notice_targets(p),
             })
             .collect();
         queue.sort_by(|a, b| a.name.cmp(&b.name));
@@ -644,6 +669,45 @@ fn queued_key(pipeline: &Pipeline, queued: &QueuedRun) -> Result<RunKey, Error> 
     ))
 }
 
+/// How often the deliverer looks for notices when it found none.
+const DELIVERY_POLL: Duration = Duration::from_secs(1);
+
+/// Delivers the outbox's notices of the pipelines served (ADR 0024) until
+/// the shutdown: one at a time, as long as there are any, then a poll.
+/// A delivery that fails is the notice's business (it backs off); a
+/// database error is logged and tried again.
+async fn deliver(shared: Arc<Shared>) {
+    let engine = &shared.engine;
+    let deliverer =
+        match crate::notices::Deliverer::new(engine.store().clone(), engine.worker().owner()) {
+            Ok(deliverer) => deliverer.public_url(shared.config.public_url.clone()),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot deliver notices");
+                return;
+            }
+        };
+    loop {
+        if engine.shutdown().requested() || shared.delivery_stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let pipelines: Vec<Arc<Pipeline>> = shared.pipelines().by_name.values().cloned().collect();
+        let found = match deliverer.deliver_next(&pipelines).await {
+            Ok(found) => found.is_some(),
+            Err(e) => {
+                tracing::warn!(error = %e, "delivering notices failed; trying again");
+                false
+            }
+        };
+        if !found {
+            tokio::select! {
+                () = engine.shutdown().wait() => return,
+                () = shared.delivery_wake.notified() => {}
+                () = tokio::time::sleep(DELIVERY_POLL) => {}
+            }
+        }
+    }
+}
+
 /// Relays queue notifications of every process (PostgreSQL) to the idle
 /// workers of this one.
 async fn listen_for_work(shared: Arc<Shared>) {
@@ -717,6 +781,7 @@ async fn fire_due(shared: &Shared) -> Option<DateTime<Utc>> {
                 if let Err(e) = queue_due(shared, pipeline, now).await {
                     tracing::warn!(pipeline = %name, error = %e, "scheduling failed; trying at the next fire");
                 }
+                tell_late(shared, pipeline, now).await;
                 schedule
                     .next_after(now)
                     .unwrap_or(now + chrono::Duration::from_std(SCHEDULER_TICK).unwrap_or_default())
@@ -729,6 +794,27 @@ async fn fire_due(shared: &Shared) -> Option<DateTime<Utc>> {
         *fires = following;
     }
     earliest
+}
+
+/// Queues the `late` and `stale` notices of `pipeline` at `now` (see
+/// [`crate::notices::queue_late`], [`crate::notices::queue_stale`]); a
+/// failure is logged and the next fire looks again.
+async fn tell_late(shared: &Shared, pipeline: &Pipeline, now: DateTime<Utc>) {
+    let store = shared.engine.store();
+    match crate::notices::queue_late(store, pipeline, now).await {
+        Ok(0) => {}
+        Ok(late) => tracing::info!(pipeline = %pipeline.spec.name, late, "run keys late: told"),
+        Err(e) => {
+            tracing::warn!(pipeline = %pipeline.spec.name, error = %e, "could not look for late run keys; looking at the next fire");
+        }
+    }
+    match crate::notices::queue_stale(store, pipeline, now).await {
+        Ok(0) => {}
+        Ok(stale) => tracing::info!(pipeline = %pipeline.spec.name, stale, "run keys stale: told"),
+        Err(e) => {
+            tracing::warn!(pipeline = %pipeline.spec.name, error = %e, "could not look for stale run keys; looking at the next fire");
+        }
+    }
 }
 
 /// Queues what is due for `pipeline` at `now`, as `sync` would run it (the

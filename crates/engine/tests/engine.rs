@@ -447,6 +447,7 @@ async fn scheduler_fires_due_keys() {
     let service = Service::new(
         engine,
         ServiceConfig {
+            public_url: None,
             catalog: Catalog::new(&folder),
             workers: 1,
             poll: Duration::from_millis(50),
@@ -534,6 +535,7 @@ async fn reload_keeps_a_broken_pipelines_previous_definition() {
     let service = Service::new(
         engine.clone(),
         ServiceConfig {
+            public_url: None,
             catalog: Catalog::new(&folder),
             workers: 1,
             poll: Duration::from_millis(50),

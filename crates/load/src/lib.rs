@@ -29,6 +29,10 @@ use ledger::flow;
 
 pub use ledger::preview::{KeyRef, KeyRow, Preview};
 pub use ledger::{
+    notify_target, Delivered, LineageEvent, NewNotice, NoticeKind, NoticeTargets, NotifyTarget,
+    OutboxNotice, LINEAGE_TARGET,
+};
+pub use ledger::{
     process_is_gone, stale_reason, AttemptEntry, AttemptStatus, Claim, ClaimRequest, ClaimedRun,
     Counts, Enqueue, EnqueuedBy, GridRow, HeldKey, History, Lease, LedgerEntry, Mark, MarkAs,
     Marked, QueueKey, QueuePipeline, QueuedRun, RejectEntry, RunStatus, StartRange, StoredClass,
@@ -474,6 +478,44 @@ impl Store {
     /// rows removed.
     pub async fn prune(&self, age: Duration) -> Result<(u64, u64), Error> {
         dispatch!(self, s => flow::prune(s, age).await)
+    }
+
+    /// Claims the oldest deliverable notice of `pipelines` for `owner`,
+    /// leased for `lease` (docs/ledger.md "Notices").
+    pub async fn claim_notice(
+        &self,
+        owner: &str,
+        pipelines: &[String],
+        lease: Duration,
+    ) -> Result<Option<OutboxNotice>, Error> {
+        dispatch!(self, s => ledger::notices::claim(s, owner, pipelines, lease).await)
+    }
+
+    /// Records how a try of a claimed notice ended (only while `owner`
+    /// still holds it).
+    pub async fn record_notice(
+        &self,
+        id: &str,
+        owner: &str,
+        outcome: &Delivered<'_>,
+    ) -> Result<(), Error> {
+        dispatch!(self, s => ledger::notices::record(s, id, owner, outcome).await)
+    }
+
+    /// Queues a notice no run's change causes (`late`, `test`); `false`
+    /// when the same one is queued already.
+    pub async fn insert_notice(&self, notice: &NewNotice<'_>) -> Result<bool, Error> {
+        dispatch!(self, s => ledger::notices::insert_new(s, notice).await)
+    }
+
+    /// The notices of `pipeline` (of one period start, if given), oldest
+    /// first, with their delivery state.
+    pub async fn notices(
+        &self,
+        pipeline: &str,
+        period_start: Option<&str>,
+    ) -> Result<Vec<OutboxNotice>, Error> {
+        dispatch!(self, s => ledger::notices::list(s, pipeline, period_start).await)
     }
 
     /// Streams the run key's stored rows into `each` (see

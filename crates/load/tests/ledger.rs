@@ -75,6 +75,7 @@ fn request(instance: &str) -> ClaimRequest {
             instance: instance.into(),
         },
         lease_ttl: Duration::from_secs(30),
+        notices: Default::default(),
     }
 }
 
@@ -714,6 +715,7 @@ fn queue_pipelines() -> Vec<tidemark_load::QueuePipeline> {
         fields_fingerprint: pipeline().fields_fingerprint().as_str().to_string(),
         // Every period of these tests is due.
         due_before: chrono::Utc::now(),
+        notices: Default::default(),
     }]
 }
 

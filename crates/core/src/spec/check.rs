@@ -157,6 +157,7 @@ impl Checker<'_> {
         self.fields(spec)?;
         self.load(spec)?;
         self.count("period.lookback", spec.period.lookback, &LOOKBACK)?;
+        self.notify(spec)?;
         if let Some(schedule) = &spec.schedule {
             match (&schedule.every, &schedule.cron) {
                 (Some(every), None) => {

@@ -23,6 +23,7 @@ mod check;
 mod fields;
 mod load;
 mod names;
+mod notify;
 mod retry;
 mod schedule;
 mod schema;
@@ -47,6 +48,7 @@ pub use bytesize::ByteSize;
 pub use fields::{Added, FieldSpec};
 pub use load::{DuplicateKeyPolicy, LoadSpec, OnMissing};
 pub use names::{MAX_IDENTIFIER, RUN_KEY_INDEX_SUFFIX};
+pub use notify::{redacted_url, render_url, LineageSpec, NoticeKind, NotifyFormat, NotifySpec};
 pub use retry::{RetryPolicy, RetrySpec};
 pub use schedule::{Schedule, ScheduleSpec, SCHEDULE_HORIZON_YEARS};
 pub use schema::json_schema;
@@ -85,6 +87,12 @@ pub struct PipelineSpec {
     /// When `sync`/`serve` consider a period due.
     #[serde(default)]
     pub schedule: Option<ScheduleSpec>,
+    /// Webhooks told about changes of the run keys' states.
+    #[serde(default)]
+    pub notify: Vec<NotifySpec>,
+    /// An OpenLineage endpoint told about every attempt.
+    #[serde(default)]
+    pub lineage: Option<LineageSpec>,
 }
 
 fn default_version() -> String {

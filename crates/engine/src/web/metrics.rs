@@ -469,7 +469,34 @@ fn registry(
     periods(&mut registry, configured, &pairs, ledger);
     worker_families(&mut registry, workers);
     rate_families(&mut registry, configured, ledger, rates);
+    notice_family(&mut registry, configured, ledger);
     registry
+}
+
+/// `tidemark_notices`: the outbox's notices by pipeline and delivery state
+/// (0 for every configured pipeline, so an alert on `dead` has a series).
+fn notice_family(registry: &mut Registry, configured: &Configured, ledger: &LedgerMetrics) {
+    let mut notices = Series::new(MetricType::Gauge);
+    let labels = |pipeline: &str, status: &str| {
+        vec![
+            ("pipeline", pipeline.to_string()),
+            ("status", status.to_string()),
+        ]
+    };
+    for pipeline in configured.0.keys() {
+        for status in ["pending", "sent", "dead"] {
+            notices.set(labels(pipeline, status), 0.0);
+        }
+    }
+    for (pipeline, status, n) in &ledger.notices {
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^53
+        notices.set(labels(pipeline, status), *n as f64);
+    }
+    registry.register(
+        "tidemark_notices",
+        "Notices in the outbox by delivery state: pending, sent (until pruned), dead (given up)",
+        notices,
+    );
 }
 
 /// `tidemark_runs_total`, `tidemark_rows_total`, `tidemark_retries_total`

@@ -23,6 +23,7 @@ use tokio::net::TcpListener;
 
 use crate::service::ServiceView;
 
+pub(crate) use page::period_path;
 pub use page::{LogUrl, LogUrlError};
 
 /// How the endpoints answer (`serve`'s flags).

@@ -161,6 +161,7 @@ impl Secrets {
                 message: clean(message),
             },
             Error::Invariant(message) => Error::Invariant(clean(message)),
+            Error::DeletesRefused(message) => Error::DeletesRefused(clean(message)),
             Error::StaleCheckpoint(message) => Error::StaleCheckpoint(clean(message)),
             Error::Config { file, key, message } => Error::Config {
                 file,

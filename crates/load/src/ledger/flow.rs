@@ -13,6 +13,7 @@ use tidemark_core::{Error, FieldsFingerprint, KeySet, RunKey};
 use super::driver::{
     fetch_all, fetch_optional, Arg, Dialect, Driver, LedgerTx, Record, Vanished as _,
 };
+use super::notices::{self, LineageEvent};
 use super::rules::{decide, Decision, Snapshot};
 use super::sql::{
     EndAttempt, EnqueueNew, FinishRun, InsertReject, Requeue, SaveProgress, StartAttempt,
@@ -142,6 +143,7 @@ async fn take<D: Driver>(
             if previous_lost {
                 tx.execute(&s.lose_running_attempts, &[Arg::Int(run_ref)])
                     .await?;
+                abort_lost::<D>(tx, row, request).await?;
             }
             resume
         }
@@ -205,19 +207,50 @@ async fn take<D: Driver>(
         ],
     )
     .await?;
+    let lease = Lease {
+        run_ref,
+        attempt,
+        run_id,
+        owner,
+        notices: request.notices.clone(),
+    };
+    if lease.notices.lineage {
+        if let Some(before) = notices::before::<D>(tx, &lease).await? {
+            notices::attempt_event::<D>(tx, &before, &lease, &counts, LineageEvent::Start).await?;
+        }
+    }
     Ok(Claim::Claimed(Box::new(ClaimedRun {
-        lease: Lease {
-            run_ref,
-            attempt,
-            run_id,
-            owner,
-        },
+        lease,
         resume,
         counts,
         batches,
         seen,
         new_fields: tidemark_core::fingerprint::new_fields(&fingerprint),
     })))
+}
+
+/// The lineage `ABORT` of the attempt a takeover marked `lost` (the run
+/// row still names it: its number, run id and holder).
+async fn abort_lost<D: Driver>(
+    tx: &mut D::Tx,
+    row: &Record,
+    request: &ClaimRequest,
+) -> Result<(), Error> {
+    if !request.notices.lineage {
+        return Ok(());
+    }
+    let lost = Lease {
+        run_ref: row.int("id")?,
+        attempt: row.int("attempt")?,
+        run_id: row.opt_text("run_id")?.unwrap_or_default(),
+        owner: row.opt_text("lease_owner")?.unwrap_or_default(),
+        notices: request.notices.clone(),
+    };
+    if let Some(before) = notices::before::<D>(tx, &lost).await? {
+        let counts = counts_of(row)?;
+        notices::attempt_event::<D>(tx, &before, &lost, &counts, LineageEvent::Abort).await?;
+    }
+    Ok(())
 }
 
 /// One claim of the work queue by a worker that runs `pipelines`: first a
@@ -310,6 +343,7 @@ fn queue_request(
         handler_version: queued_for.handler_version.clone(),
         fields_fingerprint: queued_for.fields_fingerprint.clone(),
         provisional: open,
+        notices: queued_for.notices.clone(),
         ..request.clone()
     }))
 }
@@ -564,6 +598,12 @@ pub(crate) async fn interrupt<D: Driver>(
     why: &str,
 ) -> Result<(), Error> {
     let mut tx = driver.begin().await?;
+    // An interruption is news to lineage only (people hear of failures).
+    let before = if lease.notices.lineage {
+        notices::before::<D>(&mut tx, lease).await?
+    } else {
+        None
+    };
     let updated = tx
         .execute(
             &sql::<D>().interrupt_run,
@@ -578,6 +618,9 @@ pub(crate) async fn interrupt<D: Driver>(
         return Err(lease_lost(lease));
     }
     end_attempt::<D>(&mut tx, lease, AttemptStatus::Interrupted, counts, None).await?;
+    if let Some(before) = &before {
+        notices::attempt_event::<D>(&mut tx, before, lease, counts, LineageEvent::Abort).await?;
+    }
     wake_workers::<D>(&mut tx).await?;
     tx.commit().await
 }
@@ -718,6 +761,8 @@ pub(crate) async fn mark_failed<D: Driver>(
 ) -> Result<(), Error> {
     let message = error.to_string();
     let mut tx = driver.begin().await?;
+    // Read before the change: whether this failure is news.
+    let before = notices::before::<D>(&mut tx, lease).await?;
     let updated = tx
         .execute(
             &sql::<D>().fail_run,
@@ -732,6 +777,9 @@ pub(crate) async fn mark_failed<D: Driver>(
         .await?;
     if updated == 1 {
         end_attempt::<D>(&mut tx, lease, AttemptStatus::Failed, counts, Some(error)).await?;
+        if let Some(before) = &before {
+            notices::failed::<D>(&mut tx, before, lease, counts, error).await?;
+        }
     }
     tx.commit().await
 }
@@ -857,16 +905,22 @@ pub(crate) async fn prune<D: Driver>(driver: &D, age: Duration) -> Result<(u64, 
         })?;
     // The cut-off is the database's clock minus `age`: the times compared
     // are the database's (this process's clock may be skewed).
-    let age = [Arg::Float(age.as_secs_f64())];
+    let age_secs = age.as_secs_f64();
+    let age = [Arg::Float(age_secs)];
     let s = sql::<D>();
     let mut tx = driver.begin().await?;
     let attempts = tx.execute(&s.prune_attempts, &age).await?;
     let rejects = tx.execute(&s.prune_rejects, &age).await?;
     // Workers not seen for as long are gone: the table stays bounded.
     let workers = super::workers::prune(&mut tx, D::DIALECT, age[0]).await?;
+    // Delivered notices past the TTL; dead ones stay until seen.
+    let notices = notices::prune(&mut tx, D::DIALECT, age_secs).await?;
     tx.commit().await?;
     if workers > 0 {
         tracing::info!(workers, "pruned workers not seen for as long");
+    }
+    if notices > 0 {
+        tracing::info!(notices, "pruned delivered notices older than the cut-off");
     }
     Ok((attempts, rejects))
 }
@@ -1086,12 +1140,14 @@ async fn finish_in<D: Driver>(
         if let Some(why) =
             refuse_deletes(vanished.count() as u64, live, counts.rows_read, reconcile)
         {
-            return Err(Error::Invariant(why));
+            return Err(Error::DeletesRefused(why));
         }
         counts.rows_deleted = driver
             .remove_vanished(tx, schema, lineage, reconcile.on_missing, &vanished)
             .await?;
     }
+    // Read before the change: whether the key had failed since done.
+    let before = notices::before::<D>(tx, lease).await?;
     let result = result_json(lineage, lease, &counts);
     let finish = FinishRun {
         result: &result,
@@ -1111,6 +1167,9 @@ async fn finish_in<D: Driver>(
             transient: true,
         })?;
     end_attempt::<D>(tx, lease, AttemptStatus::Done, &counts, None).await?;
+    if let Some(before) = &before {
+        notices::done::<D>(tx, before, lease, &counts).await?;
+    }
     if batch_rows {
         tx.execute(&s.delete_batches, &[Arg::Int(lease.run_ref)])
             .await?;

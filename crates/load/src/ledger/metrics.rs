@@ -164,6 +164,9 @@ pub struct LedgerMetrics {
     /// `(pipeline, source)`: PostgreSQL's `_tm_rate_buckets`; SQLite keeps
     /// its buckets in the one process that owns the file.
     pub paused: Vec<(String, String)>,
+    /// `tidemark_notices`: the outbox's notices as `(pipeline, status,
+    /// count)` (docs/ledger.md "Notices").
+    pub notices: Vec<(String, String, u64)>,
 }
 
 /// How long after its end an attempt's row is taken as final for counting:
@@ -340,6 +343,17 @@ pub(crate) async fn ledger_metrics<D: Driver>(driver: &D) -> Result<LedgerMetric
         })
         .await?;
     }
+    let notices =
+        "SELECT pipeline, status, COUNT(*) AS n FROM _tm_notices GROUP BY pipeline, status";
+    tx.fetch_each(notices, &[], |row| {
+        m.notices.push((
+            row.text("pipeline")?,
+            row.text("status")?,
+            count(&row, "n")?,
+        ));
+        Ok(())
+    })
+    .await?;
     tx.commit().await?;
     Ok(m)
 }

@@ -17,6 +17,7 @@ pub(crate) mod grid;
 pub(crate) mod history;
 pub(crate) mod mark;
 pub(crate) mod metrics;
+pub(crate) mod notices;
 pub(crate) mod params;
 pub(crate) mod preview;
 mod rules;
@@ -38,6 +39,10 @@ pub use mark::{HeldKey, Mark, MarkAs, Marked};
 pub use metrics::{
     AttemptGroup, Freshness, LedgerMetrics, Observed, PeriodCount, QueueDepth, DURATION_BUCKETS,
     SETTLE_MARGIN_SECONDS, WAIT_BUCKETS,
+};
+pub use notices::{
+    notify_target, Delivered, LineageEvent, NewNotice, NoticeKind, NoticeTargets, NotifyTarget,
+    OutboxNotice, LINEAGE_TARGET,
 };
 pub use rules::process_is_gone;
 pub use stale::stale_reason;
@@ -189,6 +194,9 @@ pub struct ClaimRequest {
     pub worker: WorkerId,
     /// Lease length; renewed by heartbeats.
     pub lease_ttl: Duration,
+    /// Who is told about the key's changes (the pipeline's `[[notify]]`
+    /// and `[lineage]`); carried into the lease.
+    pub notices: NoticeTargets,
 }
 
 /// The right to commit batches for one run key, fenced by the attempt number.
@@ -203,6 +211,9 @@ pub struct Lease {
     pub run_id: String,
     /// Lease owner string.
     pub owner: String,
+    /// Who is told about the attempt's changes: each change's transaction
+    /// writes their notices.
+    pub notices: NoticeTargets,
 }
 
 /// Which period starts `status` reads: an inclusive range of instants
@@ -339,6 +350,8 @@ pub struct QueuePipeline {
     /// A queued key of a period still open is claimed only to continue a
     /// provisional attempt (one that `--allow-open` started).
     pub due_before: chrono::DateTime<chrono::Utc>,
+    /// Who is told about its keys' changes.
+    pub notices: NoticeTargets,
 }
 
 impl QueuePipeline {

@@ -174,6 +174,7 @@ mod tests {
             provisional: false,
             worker: me(),
             lease_ttl: Duration::from_secs(30),
+            notices: Default::default(),
         }
     }
 

@@ -27,7 +27,7 @@ impl Dialect {
     }
 
     /// The current time plus `param` seconds (a float parameter).
-    fn now_plus(self, param: &str) -> String {
+    pub(crate) fn now_plus(self, param: &str) -> String {
         match self {
             Dialect::Postgres => format!("now() + make_interval(secs => {param})"),
             Dialect::Sqlite => {

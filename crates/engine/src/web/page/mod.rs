@@ -109,6 +109,16 @@ fn period_prefix(pipeline: &str, source: &str) -> String {
     format!("/periods/{}/{}/", segment(pipeline), segment(source))
 }
 
+/// The path of a period's page (`/periods/PIPELINE/SOURCE/KEY`), which a
+/// notice links to under `serve --public-url`.
+pub(crate) fn period_path(pipeline: &str, source: &str, period: &Period) -> String {
+    format!(
+        "{}{}",
+        period_prefix(pipeline, source),
+        period_segment(period)
+    )
+}
+
 /// The period's [`period_key`] as a path segment.
 fn period_segment(period: &Period) -> String {
     segment(&period_key(period)).to_string()

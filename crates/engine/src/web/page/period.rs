@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use maud::{html, Markup};
 use serde::Deserialize;
 use tidemark_core::{Period, Pipeline};
-use tidemark_load::{AttemptEntry, History, LedgerEntry, RejectEntry};
+use tidemark_load::{AttemptEntry, History, LedgerEntry, OutboxNotice, RejectEntry};
 
 use super::{layout, not_found, unavailable, LogUrl, LogValues};
 use crate::status::{status, StatusItem, StatusQuery};
@@ -71,8 +71,22 @@ pub(super) async fn period(
     let title = format!("{name} {} {source}", period.label());
     let body = match &item {
         StatusItem::Recorded { entry, .. } => {
-            match state.view.engine().store().history(entry).await {
-                Ok(history) => recorded(&state, &period, entry, &history),
+            let store = state.view.engine().store();
+            let read = async {
+                let history = store.history(entry).await?;
+                let notices = store
+                    .notices(&entry.pipeline, Some(&entry.period_start))
+                    .await?;
+                Ok::<_, tidemark_core::Error>((history, notices))
+            };
+            match read.await {
+                Ok((history, notices)) => {
+                    let notices: Vec<OutboxNotice> = notices
+                        .into_iter()
+                        .filter(|n| n.source == entry.source && n.export_type == entry.export_type)
+                        .collect();
+                    recorded(&state, &period, entry, &history, &notices)
+                }
                 Err(e) => return unavailable(&e),
             }
         }
@@ -154,7 +168,13 @@ fn missing(
     }
 }
 
-fn recorded(state: &WebState, period: &Period, e: &LedgerEntry, h: &History) -> Markup {
+fn recorded(
+    state: &WebState,
+    period: &Period,
+    e: &LedgerEntry,
+    h: &History,
+    notices: &[OutboxNotice],
+) -> Markup {
     let period_state = PeriodState::of_entry(e);
     html! {
         (heading(&e.pipeline, &e.source, period, period_state))
@@ -162,7 +182,32 @@ fn recorded(state: &WebState, period: &Period, e: &LedgerEntry, h: &History) -> 
         h2 { "Attempts" }
         (attempts(state.options.log_url.as_ref(), e, h))
         (rejects(h))
+        (notice_table(notices))
         p { a href="/" { "Back to the grid" } }
+    }
+}
+
+/// The key's notices and lineage events with their delivery state
+/// (docs/ledger.md "Notices"), as `status --notices` lists them.
+fn notice_table(notices: &[OutboxNotice]) -> Markup {
+    html! {
+        @if !notices.is_empty() {
+            h2 { "Notices" }
+            table.notices {
+                tr { th { "kind" } th { "target" } th { "attempt" } th { "written" } th { "delivery" } th { "tries" } th { "last error" } }
+                @for n in notices {
+                    tr class={"notice-" (n.status)} {
+                        td { (n.kind) }
+                        td { (n.target) }
+                        td { (n.attempt) }
+                        td { (n.created_at) }
+                        td { (n.status) @if let Some(sent) = &n.sent_at { " " (sent) } }
+                        td { (n.attempts) }
+                        td { (n.last_error.as_deref().unwrap_or("")) }
+                    }
+                }
+            }
+        }
     }
 }
 
