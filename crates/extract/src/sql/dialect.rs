@@ -11,7 +11,9 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use futures_util::stream::{BoxStream, StreamExt};
 use rust_decimal::Decimal;
-use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow};
+use sqlx::mysql::{
+    MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow,
+};
 use sqlx::pool::{PoolConnection, PoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgRow, Postgres};
 use sqlx::sqlite::{Sqlite, SqliteConnectOptions, SqlitePool, SqliteRow};
@@ -119,7 +121,9 @@ impl Pool {
                 let options = PgConnectOptions::from_str(url)
                     .map_err(|e| classify(Dialect::Postgres, e))?
                     .options([("default_transaction_read_only", "on")]);
-                Ok(Pool::Postgres(pool_options(size).connect_lazy_with(options)))
+                Ok(Pool::Postgres(
+                    pool_options(size).connect_lazy_with(options),
+                ))
             }
             Dialect::MySql => {
                 let url = url.replacen("mariadb:", "mysql:", 1);
@@ -628,6 +632,61 @@ fn sqlite_kind(code: Option<&str>, message: &str) -> FailureKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The PostgreSQL test server (as the integration tests find it).
+    fn pg_url() -> String {
+        std::env::var("TIDEMARK_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+    }
+
+    /// The server process behind `db`'s session.
+    async fn backend(db: &mut Db) -> Cell {
+        let row = db.fetch("SELECT pg_backend_pid()::int8", &[]).next().await;
+        row.expect("a row").expect("the pid").cells.remove(0)
+    }
+
+    /// A connection whose reader was dropped inside its transaction (an
+    /// aborted period) is closed; the next period gets a new session, not
+    /// the old snapshot. A committed one goes back to the pool and is
+    /// reused.
+    #[tokio::test]
+    async fn a_connection_dropped_inside_a_transaction_is_never_reused() {
+        let pool = Pool::new(&pg_url(), Path::new(""), 1).expect("a pool");
+        let mut db = pool.acquire().await.expect("PostgreSQL test server");
+        let aborted = backend(&mut db).await;
+        db.begin().await.expect("begin");
+        drop(db);
+        // One connection at most: this waits for the old one to be closed.
+        let mut db = pool.acquire().await.expect("a new connection");
+        let fresh = backend(&mut db).await;
+        assert_ne!(fresh, aborted, "the aborted session came back");
+        db.begin().await.expect("begin");
+        db.commit().await.expect("commit");
+        drop(db);
+        let mut db = pool.acquire().await.expect("the pooled connection");
+        assert_eq!(backend(&mut db).await, fresh, "a clean session is reused");
+        drop(db);
+        pool.close().await;
+    }
+
+    /// A refused connection is answered with the server's own error after
+    /// the pool's wait (transient), never the pool's bare timeout.
+    #[tokio::test]
+    async fn a_refused_connection_says_so_not_pool_timed_out() {
+        let pool =
+            Pool::new("postgres://postgres@127.0.0.1:1/none", Path::new(""), 1).expect("a pool");
+        let Err(failure) = pool.acquire().await else {
+            panic!("nothing listens on port 1");
+        };
+        assert_eq!(failure.kind, FailureKind::Transient, "{failure:?}");
+        assert!(
+            failure
+                .message
+                .starts_with("the server could not be reached")
+                && failure.message.contains("refused"),
+            "{failure:?}"
+        );
+    }
 
     #[test]
     fn postgres_states_are_classed() {
