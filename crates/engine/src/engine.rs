@@ -230,7 +230,7 @@ impl Engine {
     /// ledger says (the claim decides: a done key is skipped unless
     /// `flags.force`).
     pub async fn run(&self, pipeline: &Arc<Pipeline>, key: RunKey, flags: RunFlags) -> Outcome {
-        self.job(pipeline, key, flags).run(&self.ctx).await
+        self.job(pipeline, key, flags, 1).run(&self.ctx).await
     }
 
     /// Runs every source's key of `period` of `pipeline`, one after the
@@ -249,7 +249,7 @@ impl Engine {
         let mut planner = self.plan(Arc::clone(pipeline), sources, ask)?;
         let mut outcomes = Vec::new();
         while let Some(page) = planner.next_page().await? {
-            for job in self.jobs(pipeline, &page, false, false) {
+            for job in self.jobs(pipeline, &page, false, false, 1) {
                 let key = job.key.clone();
                 let outcome = job.run(&self.ctx).await;
                 outcomes.push(KeyOutcome { key, outcome });
@@ -282,7 +282,13 @@ impl Engine {
                 match planner.next_page().await {
                     Ok(Some(page)) => {
                         let pipeline = Arc::clone(planner.pipeline());
-                        let jobs = self.jobs(&pipeline, &page, how.force_deletes, how.wait);
+                        let jobs = self.jobs(
+                            &pipeline,
+                            &page,
+                            how.force_deletes,
+                            how.wait,
+                            how.concurrency.max(1),
+                        );
                         let planned = RunEvent::Planned {
                             keys: page.len(),
                             jobs: jobs.len(),
@@ -436,9 +442,11 @@ impl Engine {
     }
 
     /// Notes this worker's graceful end in the ledger (when it worked) and
-    /// closes the store's connections (SQLite: checkpoints its WAL).
+    /// closes the store's connections (SQLite: checkpoints its WAL) and the
+    /// SQL sources' pools.
     pub async fn close(&self) {
         self.ctx.presence.stop().await;
+        tidemark_extract::close_sql_pools().await;
         self.store.close().await;
     }
 
@@ -452,7 +460,14 @@ impl Engine {
     }
 
     /// The job of one run key.
-    pub(crate) fn job(&self, pipeline: &Arc<Pipeline>, key: RunKey, flags: RunFlags) -> Job {
+    /// The job of `key`, run with `at_once - 1` others at a time.
+    pub(crate) fn job(
+        &self,
+        pipeline: &Arc<Pipeline>,
+        key: RunKey,
+        flags: RunFlags,
+        at_once: usize,
+    ) -> Job {
         Job {
             store: self.store.clone(),
             pipeline: Arc::clone(pipeline),
@@ -461,6 +476,7 @@ impl Engine {
             key,
             worker: self.worker.clone(),
             flags,
+            at_once,
         }
     }
 
@@ -471,6 +487,7 @@ impl Engine {
         planned: &[Planned],
         force_deletes: bool,
         wait: bool,
+        at_once: usize,
     ) -> Vec<Job> {
         planned
             .iter()
@@ -480,6 +497,7 @@ impl Engine {
                     pipeline,
                     p.key.clone(),
                     RunFlags::of(p, force_deletes, wait),
+                    at_once,
                 )
             })
             .collect()

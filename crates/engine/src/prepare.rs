@@ -70,6 +70,8 @@ pub(crate) struct Read {
     pub opener: Arc<dyn OpenSource>,
     pub period: Period,
     pub resume: Option<Checkpoint>,
+    /// Periods the engine runs at once ([`OpenRequest::periods_at_once`]).
+    pub at_once: usize,
 }
 
 /// Reads and types batches from `read.resume` on; they arrive in order,
@@ -128,6 +130,7 @@ async fn produce(
         opener,
         period,
         resume,
+        at_once,
     } = read;
     let gate = pipeline
         .source(source_id)
@@ -138,6 +141,7 @@ async fn produce(
         period,
         resume: resume.as_ref(),
         gate,
+        periods_at_once: *at_once,
     };
     let mut reader = opener.open(request).await?;
     // Each batch after the first is typed on the blocking pool while the

@@ -213,6 +213,9 @@ pub(crate) struct Job {
     pub key: RunKey,
     pub worker: WorkerId,
     pub flags: RunFlags,
+    /// Run keys the engine runs at once with this one: a source sizes its
+    /// connections by it.
+    pub at_once: usize,
 }
 
 impl Job {
@@ -575,6 +578,7 @@ impl Job {
             opener: Arc::clone(&self.opener),
             period: self.key.period,
             resume,
+            at_once: self.at_once,
         };
         prepare::spawn(read, &self.store, Arc::clone(transformer))
     }

@@ -615,7 +615,8 @@ fn job_of(shared: &Shared, pipelines: &Pipelines, queued: &QueuedRun) -> Result<
         provisional: queued.provisional,
         ..RunFlags::default()
     };
-    Ok(shared.engine.job(pipeline, key, flags))
+    let at_once = usize::from(shared.config.workers);
+    Ok(shared.engine.job(pipeline, key, flags, at_once))
 }
 
 /// The run key a queued (or crashed) key was queued with, rebuilt from the

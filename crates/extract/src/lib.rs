@@ -24,7 +24,7 @@ pub use file::FileReader;
 pub use http::limiter::local_gate;
 pub use http::{FirstPage, HttpReader};
 pub use source::{BatchSource, BuiltInSources, OpenRequest, OpenSource};
-pub use sql::SqlReader;
+pub use sql::{close_pools as close_sql_pools, SqlReader};
 
 /// A resumable position in a source, stored in the ledger as JSON.
 pub type Checkpoint = serde_json::Value;
@@ -56,7 +56,9 @@ impl SourceReader {
     ///
     /// `gate` is the source's rate limit (see [`RateGate`]); the caller
     /// chooses it because only the caller knows whether other processes
-    /// share the source. File sources have none.
+    /// share the source. File sources have none. It reads one period at a
+    /// time (a SQL source's pool is sized for one; the engine opens its
+    /// periods through [`OpenSource`], which says how many run at once).
     pub async fn open(
         pipeline: &Pipeline,
         source: &SourceSpec,
@@ -72,7 +74,7 @@ impl SourceReader {
                 HttpReader::open(pipeline, spec, period, resume, gate).await?,
             )),
             SourceSpec::Sql(spec) => Ok(SourceReader::Sql(
-                SqlReader::open(pipeline, spec, period, resume, gate).await?,
+                SqlReader::open(pipeline, spec, period, resume, gate, 1).await?,
             )),
             SourceSpec::Custom(spec) => Err(custom_unsupplied(pipeline, &spec.id)),
         }

@@ -43,6 +43,10 @@ pub struct OpenRequest<'a> {
     /// chooses it because only it knows whether other processes share the
     /// source (PostgreSQL: one bucket for every process).
     pub gate: Option<Arc<dyn RateGate>>,
+    /// How many periods the engine reads at once (`--concurrency`,
+    /// `--workers`; 1 for `run`): a source that keeps connections sizes
+    /// its pool by it (a SQL source holds one connection per period).
+    pub periods_at_once: usize,
 }
 
 impl OpenRequest<'_> {
@@ -111,8 +115,15 @@ impl OpenSource for BuiltInSources {
                     .await?,
             ),
             SourceSpec::Sql(spec) => SourceReader::Sql(
-                SqlReader::open(pipeline, spec, request.period, request.resume, request.gate)
-                    .await?,
+                SqlReader::open(
+                    pipeline,
+                    spec,
+                    request.period,
+                    request.resume,
+                    request.gate,
+                    request.periods_at_once,
+                )
+                .await?,
             ),
             SourceSpec::Custom(spec) => return Err(crate::custom_unsupplied(pipeline, &spec.id)),
         };

@@ -18,9 +18,16 @@
 //!
 //! The source's password (a `${…}` value or a literal one in the URL) is
 //! a secret: every message passes the source's redaction.
+//!
+//! A period borrows one connection of its source database's pool
+//! (`pool`), sized by the periods the engine runs at once; a connection
+//! that may still be inside a transaction is closed, never reused.
 
 mod cell;
 mod dialect;
+mod pool;
+
+pub use pool::close_pools;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -43,7 +50,7 @@ use tokio::task::JoinHandle;
 use crate::http::secrets::Secrets;
 use crate::{Batch, Checkpoint};
 use cell::Cell;
-use dialect::{Db, Failure, FailureKind, SqlRow};
+use dialect::{Db, Dialect, Failure, FailureKind, SqlRow};
 
 /// A result column `[fields]` reads.
 struct ReadColumn {
@@ -87,15 +94,18 @@ impl Drop for SqlReader {
 impl SqlReader {
     /// Opens `spec` of `pipeline` for `period`, continuing after `resume`.
     /// Connects in the background: the first [`next_batch`](Self::next_batch)
-    /// reports a connection failure, classed as any other.
+    /// reports a connection failure, classed as any other. `at_once` is
+    /// how many periods the caller reads at once: the source database's
+    /// pool holds at least that many connections.
     pub async fn open(
         pipeline: &Pipeline,
         spec: &SqlSourceSpec,
         period: &Period,
         resume: Option<&Checkpoint>,
         gate: Option<Arc<dyn RateGate>>,
+        at_once: usize,
     ) -> Result<SqlReader, Error> {
-        let plan = Plan::new(pipeline, spec, period, gate)?;
+        let plan = Plan::new(pipeline, spec, period, gate, at_once)?;
         let after = plan.resume_after(resume)?;
         let (tx, batches) = mpsc::channel(1);
         let task = tokio::spawn(async move {
@@ -180,6 +190,8 @@ struct Plan {
     /// per row (a third of the time of a load, and most of its memory).
     as_text: bool,
     gate: Option<Arc<dyn RateGate>>,
+    /// Periods the engine reads at once: the pool's size.
+    at_once: usize,
 }
 
 impl Plan {
@@ -188,6 +200,7 @@ impl Plan {
         spec: &SqlSourceSpec,
         period: &Period,
         gate: Option<Arc<dyn RateGate>>,
+        at_once: usize,
     ) -> Result<Plan, Error> {
         let file = pipeline.file_name();
         let index = pipeline
@@ -277,6 +290,7 @@ impl Plan {
             bounds,
             read,
             gate,
+            at_once,
             file,
         })
     }
@@ -313,9 +327,9 @@ impl Plan {
         after: Option<Vec<Cell>>,
         tx: &mpsc::Sender<Message>,
     ) -> Result<Option<u64>, Error> {
-        let mut db = Db::connect(&self.url, &self.base)
-            .await
+        let pool = pool::pool_for(&self.url, &self.base, self.at_once)
             .map_err(|f| self.error(f, "url"))?;
+        let mut db = pool.acquire().await.map_err(|f| self.error(f, "url"))?;
         let read = match self.resume_key.is_empty() {
             true => self.snapshot(&mut db, tx).await,
             false => self.keyset(&mut db, after, tx).await,
@@ -324,7 +338,13 @@ impl Plan {
             (Ok(()), Some(count)) => Some(self.count(&mut db, count).await),
             _ => None,
         };
-        db.close().await;
+        // A read that failed may have left the session anywhere (inside a
+        // transaction, mid-result): it is closed, never handed on.
+        if read.is_err() || matches!(expected, Some(Err(_))) {
+            db.discard();
+        }
+        // Back to the pool before the engine hears the period is read.
+        drop(db);
         read?;
         expected.transpose()
     }
@@ -785,9 +805,9 @@ fn show_key(key: &[Cell]) -> String {
 /// form (UTC for an instant).
 fn db_time(db: &Db, cell: Cell) -> Cell {
     let text = |t: NaiveDateTime| Cell::Text(t.format("%Y-%m-%d %H:%M:%S").to_string());
-    match (db, cell) {
-        (Db::Sqlite(_), Cell::Timestamp(t)) => text(t),
-        (Db::Sqlite(_), Cell::Timestamptz(t)) => text(DateTime::naive_utc(&t)),
+    match (db.dialect(), cell) {
+        (Dialect::Sqlite, Cell::Timestamp(t)) => text(t),
+        (Dialect::Sqlite, Cell::Timestamptz(t)) => text(DateTime::naive_utc(&t)),
         (_, cell) => cell,
     }
 }

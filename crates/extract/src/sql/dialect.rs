@@ -6,22 +6,43 @@
 
 use std::path::Path;
 use std::str::FromStr;
+use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use futures_util::stream::{BoxStream, StreamExt};
 use rust_decimal::Decimal;
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlRow};
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgRow};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteRow};
+use sqlx::mysql::{
+    MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow,
+};
+use sqlx::pool::{PoolConnection, PoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgRow, Postgres};
+use sqlx::sqlite::{Sqlite, SqliteConnectOptions, SqlitePool, SqliteRow};
 use sqlx::{Column, ConnectOptions, Connection, Executor, Row, TypeInfo, ValueRef};
 
 use super::cell::Cell;
 
-/// An open connection to the source database.
-pub(crate) enum Db {
-    Postgres(PgConnection),
-    MySql(MySqlConnection),
-    Sqlite(SqliteConnection),
+/// A pool of connections to one source database, read-only for the
+/// whole session where the database can say so ([`super::pool`] keeps one
+/// per source database per process).
+#[derive(Clone)]
+pub(crate) enum Pool {
+    Postgres(PgPool),
+    MySql(MySqlPool),
+    Sqlite(SqlitePool),
+}
+
+/// A connection of a [`Pool`], and whether a transaction may be open on
+/// it: such a connection is closed when dropped, never handed back to the
+/// pool inside its old snapshot (see [`Db::begin`]).
+pub(crate) struct Db {
+    conn: Conn,
+    dirty: bool,
+}
+
+enum Conn {
+    Postgres(PoolConnection<Postgres>),
+    MySql(PoolConnection<MySql>),
+    Sqlite(PoolConnection<Sqlite>),
 }
 
 /// Why a statement failed, as the database said it: the reader turns it
@@ -67,34 +88,58 @@ pub(crate) struct SqlRow {
     pub(crate) cells: Vec<Cell>,
 }
 
-impl Db {
-    /// Connects to `url`, read-only where the database can say so for the
-    /// whole session. A relative SQLite path is read against `base`.
-    pub(crate) async fn connect(url: &str, base: &Path) -> Result<Db, Failure> {
-        let scheme = url.split(':').next().unwrap_or_default();
-        match scheme {
-            "postgres" | "postgresql" => {
+/// How long an acquire waits for a connection before asking the server
+/// directly why none came. The engine runs no more periods at once than
+/// the pool holds, so a wait this long means the server refused (sqlx's
+/// pool retries a refused connect until the timeout and then says only
+/// "pool timed out").
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a connection may sit unused in the pool before it is closed:
+/// a process between runs holds no session on the source.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The pool's settings: none opened ahead, at most `size`, idle ones
+/// closed, each tested before it is handed out (a server restarted since
+/// leaves dead connections behind).
+fn pool_options<DB: sqlx::Database>(size: u32) -> PoolOptions<DB> {
+    PoolOptions::new()
+        .min_connections(0)
+        .max_connections(size.max(1))
+        .idle_timeout(IDLE_TIMEOUT)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .test_before_acquire(true)
+}
+
+impl Pool {
+    /// A pool of at most `size` connections to `url`, each read-only where
+    /// the database can say so for the whole session; none is opened
+    /// until acquired. A relative SQLite path is read against `base`.
+    pub(crate) fn new(url: &str, base: &Path, size: u32) -> Result<Pool, Failure> {
+        match scheme(url) {
+            Dialect::Postgres => {
                 let options = PgConnectOptions::from_str(url)
                     .map_err(|e| classify(Dialect::Postgres, e))?
                     .options([("default_transaction_read_only", "on")]);
-                let conn = options.connect().await;
-                Ok(Db::Postgres(
-                    conn.map_err(|e| classify(Dialect::Postgres, e))?,
+                Ok(Pool::Postgres(
+                    pool_options(size).connect_lazy_with(options),
                 ))
             }
-            "mysql" | "mariadb" => {
+            Dialect::MySql => {
                 let url = url.replacen("mariadb:", "mysql:", 1);
                 let options =
                     MySqlConnectOptions::from_str(&url).map_err(|e| classify(Dialect::MySql, e))?;
-                let conn = options
-                    .connect()
-                    .await
-                    .map_err(|e| classify(Dialect::MySql, e))?;
-                let mut db = Db::MySql(conn);
-                db.execute("SET SESSION TRANSACTION READ ONLY").await?;
-                Ok(db)
+                let pool = pool_options(size)
+                    .after_connect(|conn: &mut MySqlConnection, _| {
+                        Box::pin(async move {
+                            conn.execute("SET SESSION TRANSACTION READ ONLY").await?;
+                            Ok(())
+                        })
+                    })
+                    .connect_lazy_with(options);
+                Ok(Pool::MySql(pool))
             }
-            "sqlite" => {
+            Dialect::Sqlite => {
                 let path = url
                     .trim_start_matches("sqlite:")
                     .trim_start_matches("//")
@@ -107,52 +152,171 @@ impl Db {
                     .read_only(true)
                     .create_if_missing(false)
                     .pragma("query_only", "1");
-                let conn = options.connect().await;
-                Ok(Db::Sqlite(conn.map_err(|e| classify(Dialect::Sqlite, e))?))
+                Ok(Pool::Sqlite(pool_options(size).connect_lazy_with(options)))
             }
-            _ => Err(Failure::new(
+            Dialect::Unknown => Err(Failure::new(
                 FailureKind::Config,
                 "the URL must start with postgres://, mysql:// (MariaDB too) or sqlite://",
             )),
         }
     }
 
+    /// The most connections the pool holds.
+    pub(crate) fn size(&self) -> u32 {
+        match self {
+            Pool::Postgres(p) => p.options().get_max_connections(),
+            Pool::MySql(p) => p.options().get_max_connections(),
+            Pool::Sqlite(p) => p.options().get_max_connections(),
+        }
+    }
+
+    /// A connection of the pool. When none comes in time, one direct
+    /// connect says why: the operator sees "connection refused" (still
+    /// transient), not the pool's bare "pool timed out".
+    pub(crate) async fn acquire(&self) -> Result<Db, Failure> {
+        let conn = match self {
+            Pool::Postgres(p) => p.acquire().await.map(Conn::Postgres),
+            Pool::MySql(p) => p.acquire().await.map(Conn::MySql),
+            Pool::Sqlite(p) => p.acquire().await.map(Conn::Sqlite),
+        };
+        match conn {
+            Ok(conn) => Ok(Db { conn, dirty: false }),
+            Err(sqlx::Error::PoolTimedOut) => Err(self.why_none_came().await),
+            Err(e) => Err(classify(self.dialect(), e)),
+        }
+    }
+
+    /// After an acquire timed out: the server's own answer to one direct
+    /// connect (closed at once, so the pool's bound holds).
+    async fn why_none_came(&self) -> Failure {
+        let probe = match self {
+            Pool::Postgres(p) => probe(&*p.connect_options()).await,
+            Pool::MySql(p) => probe(&*p.connect_options()).await,
+            Pool::Sqlite(p) => probe(&*p.connect_options()).await,
+        };
+        match probe {
+            Err(e) => {
+                let failure = classify(self.dialect(), e);
+                let what = match failure.kind {
+                    FailureKind::Transient => "the server could not be reached",
+                    _ => "the server refused the connection",
+                };
+                Failure::new(failure.kind, format!("{what}: {}", failure.message))
+            }
+            Ok(()) => Failure::new(
+                FailureKind::Transient,
+                format!(
+                    "the server answers, but none of the {} pooled connections came free \
+                     within {ACQUIRE_TIMEOUT:?} (more periods at once than the pool is sized for)",
+                    self.size()
+                ),
+            ),
+        }
+    }
+
+    /// Closes the pool: connections in use are closed when released.
+    pub(crate) async fn close(&self) {
+        match self {
+            Pool::Postgres(p) => p.close().await,
+            Pool::MySql(p) => p.close().await,
+            Pool::Sqlite(p) => p.close().await,
+        }
+    }
+
     fn dialect(&self) -> Dialect {
         match self {
-            Db::Postgres(_) => Dialect::Postgres,
-            Db::MySql(_) => Dialect::MySql,
-            Db::Sqlite(_) => Dialect::Sqlite,
+            Pool::Postgres(_) => Dialect::Postgres,
+            Pool::MySql(_) => Dialect::MySql,
+            Pool::Sqlite(_) => Dialect::Sqlite,
+        }
+    }
+}
+
+/// Connects once with `options` and closes the connection again.
+async fn probe<O>(options: &O) -> Result<(), sqlx::Error>
+where
+    O: ConnectOptions,
+    O::Connection: Sized,
+{
+    let conn = options.connect().await?;
+    let _ = conn.close().await;
+    Ok(())
+}
+
+/// The dialect a URL's scheme names.
+fn scheme(url: &str) -> Dialect {
+    match url.split(':').next().unwrap_or_default() {
+        "postgres" | "postgresql" => Dialect::Postgres,
+        "mysql" | "mariadb" => Dialect::MySql,
+        "sqlite" => Dialect::Sqlite,
+        _ => Dialect::Unknown,
+    }
+}
+
+/// A connection that may be inside a transaction (or whose statement
+/// failed) goes back to the pool never: it is closed, and the server rolls
+/// back what it held. Otherwise a period aborted mid-chunk (its reader
+/// task dropped) would hand the next period a connection still in the old
+/// snapshot, whose `BEGIN` PostgreSQL only warns about.
+impl Drop for Db {
+    fn drop(&mut self) {
+        if self.dirty {
+            match &mut self.conn {
+                Conn::Postgres(c) => c.close_on_drop(),
+                Conn::MySql(c) => c.close_on_drop(),
+                Conn::Sqlite(c) => c.close_on_drop(),
+            }
+        }
+    }
+}
+
+impl Db {
+    /// Marks the connection as not to be reused: closed when dropped.
+    pub(crate) fn discard(&mut self) {
+        self.dirty = true;
+    }
+
+    /// The database this connection is to.
+    pub(crate) fn dialect(&self) -> Dialect {
+        match self.conn {
+            Conn::Postgres(_) => Dialect::Postgres,
+            Conn::MySql(_) => Dialect::MySql,
+            Conn::Sqlite(_) => Dialect::Sqlite,
         }
     }
 
     /// The `n`th (1-based) placeholder of a statement.
     pub(crate) fn placeholder(&self, n: usize) -> String {
-        match self {
-            Db::Postgres(_) => format!("${n}"),
-            Db::MySql(_) | Db::Sqlite(_) => "?".to_string(),
+        match self.conn {
+            Conn::Postgres(_) => format!("${n}"),
+            Conn::MySql(_) | Conn::Sqlite(_) => "?".to_string(),
         }
     }
 
     /// A column name as an identifier.
     pub(crate) fn quote(&self, name: &str) -> String {
-        match self {
-            Db::MySql(_) => format!("`{}`", name.replace('`', "``")),
-            Db::Postgres(_) | Db::Sqlite(_) => format!("\"{}\"", name.replace('"', "\"\"")),
+        match self.conn {
+            Conn::MySql(_) => format!("`{}`", name.replace('`', "``")),
+            Conn::Postgres(_) | Conn::Sqlite(_) => {
+                format!("\"{}\"", name.replace('"', "\"\""))
+            }
         }
     }
 
     /// Begins a read-only transaction; a consistent snapshot when the
-    /// whole period is read by one statement stream.
+    /// whole period is read by one statement stream. From here until a
+    /// commit succeeds the connection is dirty: dropped, it is closed.
     pub(crate) async fn begin(&mut self) -> Result<(), Failure> {
-        let statements: &[&str] = match self {
-            Db::Postgres(_) => &["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"],
-            Db::MySql(_) => &[
+        self.dirty = true;
+        let statements: &[&str] = match self.conn {
+            Conn::Postgres(_) => &["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"],
+            Conn::MySql(_) => &[
                 "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
                 "START TRANSACTION READ ONLY, WITH CONSISTENT SNAPSHOT",
             ],
             // A deferred transaction reads one snapshot of the file (WAL)
             // from its first read on; the connection is read-only.
-            Db::Sqlite(_) => &["BEGIN"],
+            Conn::Sqlite(_) => &["BEGIN"],
         };
         for statement in statements {
             self.execute(statement).await?;
@@ -160,9 +324,12 @@ impl Db {
         Ok(())
     }
 
-    /// Ends the read-only transaction.
+    /// Ends the read-only transaction; the connection may go back to the
+    /// pool again.
     pub(crate) async fn commit(&mut self) -> Result<(), Failure> {
-        self.execute("COMMIT").await
+        self.execute("COMMIT").await?;
+        self.dirty = false;
+        Ok(())
     }
 
     /// A statement without parameters, sent as text (`Executor::execute`
@@ -170,10 +337,10 @@ impl Db {
     /// `Send` for every lifetime).
     async fn execute(&mut self, statement: &str) -> Result<(), Failure> {
         let dialect = self.dialect();
-        let done = match self {
-            Db::Postgres(c) => c.execute(statement).await.map(drop),
-            Db::MySql(c) => c.execute(statement).await.map(drop),
-            Db::Sqlite(c) => c.execute(statement).await.map(drop),
+        let done = match &mut self.conn {
+            Conn::Postgres(c) => c.execute(statement).await.map(drop),
+            Conn::MySql(c) => c.execute(statement).await.map(drop),
+            Conn::Sqlite(c) => c.execute(statement).await.map(drop),
         };
         done.map_err(|e| classify(dialect, e))
     }
@@ -214,7 +381,7 @@ impl Db {
                 }
                 let mut columns: Option<std::sync::Arc<[String]>> = None;
                 query
-                    .fetch($conn)
+                    .fetch(&mut **$conn)
                     .map(move |row| {
                         let row = row.map_err(|e| classify(dialect, e))?;
                         let columns = columns
@@ -230,28 +397,22 @@ impl Db {
                     .boxed()
             }};
         }
-        match self {
-            Db::Postgres(c) => bound!(c, decode_pg, native),
-            Db::MySql(c) => bound!(c, decode_mysql, native),
-            Db::Sqlite(c) => bound!(c, decode_sqlite, text),
+        match &mut self.conn {
+            Conn::Postgres(c) => bound!(c, decode_pg, native),
+            Conn::MySql(c) => bound!(c, decode_mysql, native),
+            Conn::Sqlite(c) => bound!(c, decode_sqlite, text),
         }
-    }
-
-    /// Closes the connection politely (an error here changes nothing).
-    pub(crate) async fn close(self) {
-        let _ = match self {
-            Db::Postgres(c) => c.close().await,
-            Db::MySql(c) => c.close().await,
-            Db::Sqlite(c) => c.close().await,
-        };
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Dialect {
+/// The databases a source URL may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
     Postgres,
     MySql,
     Sqlite,
+    /// A scheme tidemark does not read: a configuration error.
+    Unknown,
 }
 
 /// A value of a type tidemark does not read.
@@ -399,7 +560,9 @@ fn classify(dialect: Dialect, error: sqlx::Error) -> Failure {
             Some(my) => mysql_kind(my.number()),
             None => match dialect {
                 Dialect::Sqlite => sqlite_kind(db.code().as_deref(), db.message()),
-                Dialect::Postgres | Dialect::MySql => pg_kind(db.code().as_deref().unwrap_or("")),
+                Dialect::Postgres | Dialect::MySql | Dialect::Unknown => {
+                    pg_kind(db.code().as_deref().unwrap_or(""))
+                }
             },
         },
         _ => FailureKind::Permanent,
@@ -469,6 +632,61 @@ fn sqlite_kind(code: Option<&str>, message: &str) -> FailureKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The PostgreSQL test server (as the integration tests find it).
+    fn pg_url() -> String {
+        std::env::var("TIDEMARK_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+    }
+
+    /// The server process behind `db`'s session.
+    async fn backend(db: &mut Db) -> Cell {
+        let row = db.fetch("SELECT pg_backend_pid()::int8", &[]).next().await;
+        row.expect("a row").expect("the pid").cells.remove(0)
+    }
+
+    /// A connection whose reader was dropped inside its transaction (an
+    /// aborted period) is closed; the next period gets a new session, not
+    /// the old snapshot. A committed one goes back to the pool and is
+    /// reused.
+    #[tokio::test]
+    async fn a_connection_dropped_inside_a_transaction_is_never_reused() {
+        let pool = Pool::new(&pg_url(), Path::new(""), 1).expect("a pool");
+        let mut db = pool.acquire().await.expect("PostgreSQL test server");
+        let aborted = backend(&mut db).await;
+        db.begin().await.expect("begin");
+        drop(db);
+        // One connection at most: this waits for the old one to be closed.
+        let mut db = pool.acquire().await.expect("a new connection");
+        let fresh = backend(&mut db).await;
+        assert_ne!(fresh, aborted, "the aborted session came back");
+        db.begin().await.expect("begin");
+        db.commit().await.expect("commit");
+        drop(db);
+        let mut db = pool.acquire().await.expect("the pooled connection");
+        assert_eq!(backend(&mut db).await, fresh, "a clean session is reused");
+        drop(db);
+        pool.close().await;
+    }
+
+    /// A refused connection is answered with the server's own error after
+    /// the pool's wait (transient), never the pool's bare timeout.
+    #[tokio::test]
+    async fn a_refused_connection_says_so_not_pool_timed_out() {
+        let pool =
+            Pool::new("postgres://postgres@127.0.0.1:1/none", Path::new(""), 1).expect("a pool");
+        let Err(failure) = pool.acquire().await else {
+            panic!("nothing listens on port 1");
+        };
+        assert_eq!(failure.kind, FailureKind::Transient, "{failure:?}");
+        assert!(
+            failure
+                .message
+                .starts_with("the server could not be reached")
+                && failure.message.contains("refused"),
+            "{failure:?}"
+        );
+    }
 
     #[test]
     fn postgres_states_are_classed() {
