@@ -38,8 +38,8 @@ use chrono_tz::Tz;
 use futures_util::StreamExt;
 use indexmap::IndexMap;
 use serde_json::json;
-use tidemark_core::spec::{split_query, SqlParam, SqlPiece, SqlSourceSpec, TimeKind};
 use tidemark_core::record::CsvHeaders;
+use tidemark_core::spec::{split_query, SqlParam, SqlPiece, SqlSourceSpec, TimeKind};
 use tidemark_core::template::TemplateContext;
 use tidemark_core::{
     Error, FieldType, Location, Origin, Period, Pipeline, RateGate, RawData, RawRecord,

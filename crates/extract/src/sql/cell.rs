@@ -200,7 +200,11 @@ mod tests {
             assert_eq!(text, expected, "{cell:?}");
         }
         // What a JSON record treats as absent is the empty cell.
-        for absent in [Cell::Null, Cell::Json(Json::Null), Cell::Json(Json::String(String::new()))] {
+        for absent in [
+            Cell::Null,
+            Cell::Json(Json::Null),
+            Cell::Json(Json::String(String::new())),
+        ] {
             let mut text = String::new();
             absent.push_text(&mut text);
             assert_eq!(text, "", "{absent:?}");
