@@ -86,6 +86,20 @@ async fn orders_told(backend: Backend, base: &str) -> Env {
     env
 }
 
+/// Queues `orders` from `from` to `to` for a `serve` to run.
+fn enqueue(env: &Env, from: &str, to: &str) {
+    env.tidemark(&[
+        "backfill",
+        "orders",
+        "--from",
+        from,
+        "--to",
+        to,
+        "--enqueue",
+    ])
+    .expect_code(0, "queued");
+}
+
 /// Breaks (or restores) the day's export: an amount that is no decimal
 /// fails the period with a validation error, never retried.
 fn break_day(env: &Env, broken: bool) {
@@ -305,16 +319,7 @@ async fn serve_killed_after_the_commit_and_before_delivery_delivers_once_after_r
     let server = receiver(&status);
     let env = orders_told(backend, &server.base).await;
     break_day(&env, true);
-    env.tidemark(&[
-        "backfill",
-        "orders",
-        "--from",
-        DAY,
-        "--to",
-        DAY,
-        "--enqueue",
-    ])
-    .expect_code(0, "queued");
+    enqueue(&env, DAY, DAY);
     let blind = env.spawn_without(
         &["ALERT_URL"],
         &["serve", "--workers", "1", "--no-schedule"],
@@ -363,16 +368,7 @@ async fn serve_killed_after_the_post_sends_again_with_the_same_key(backend: Back
     });
     let env = orders_told(backend, &server.base).await;
     break_day(&env, true);
-    env.tidemark(&[
-        "backfill",
-        "orders",
-        "--from",
-        DAY,
-        "--to",
-        DAY,
-        "--enqueue",
-    ])
-    .expect_code(0, "queued");
+    enqueue(&env, DAY, DAY);
     let first = env.spawn(&["serve", "--workers", "1", "--no-schedule"]);
     wait_until("the first POST", Duration::from_secs(30), || {
         server.requests() >= 1
@@ -689,16 +685,7 @@ async fn serve_drain_tells_what_its_runs_changed_before_it_exits(backend: Backen
         format!("{text}\n[lineage]\nurl = \"${{OL_URL}}\"\nnamespace = \"tidemark://test\"\n")
     });
     break_day(&env, true);
-    env.tidemark(&[
-        "backfill",
-        "orders",
-        "--from",
-        "2024-01-04",
-        "--to",
-        DAY,
-        "--enqueue",
-    ])
-    .expect_code(0, "queued");
+    enqueue(&env, "2024-01-04", DAY);
     env.spawn(&["serve", "--workers", "1", "--no-schedule", "--drain"])
         .finish(Duration::from_secs(60))
         .expect_code(0, "drained");
@@ -720,16 +707,7 @@ async fn two_servers_deliver_each_notice_once_postgres() {
     env.edit_pipeline("orders", |text| {
         format!("{text}\n[lineage]\nurl = \"${{OL_URL}}\"\nnamespace = \"tidemark://test\"\n")
     });
-    env.tidemark(&[
-        "backfill",
-        "orders",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2024-01-10",
-        "--enqueue",
-    ])
-    .expect_code(0, "queued");
+    enqueue(&env, "2024-01-01", "2024-01-10");
     let first = env.spawn(&["serve", "--workers", "2", "--no-schedule", "--drain"]);
     let second = env.spawn(&["serve", "--workers", "2", "--no-schedule", "--drain"]);
     first

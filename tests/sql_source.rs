@@ -1449,3 +1449,61 @@ async fn a_backfill_reuses_a_pool_bounded_by_its_concurrency() {
         "20 periods at --concurrency 2 opened {opened} sessions on the source\n{out}"
     );
 }
+
+/// Rows are typed as text cells, so text that a `json` field reads and
+/// that is no JSON fails that field: a reject naming the field and the
+/// value (within `max_rejects`), while the other rows load with their JSON
+/// parsed. On both destinations.
+#[tokio::test]
+async fn text_that_a_json_field_reads_and_is_no_json_is_a_reject_naming_it() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let dir = tempfile::tempdir().unwrap();
+        let source = Source::new(Kind::Sqlite, dir.path()).await;
+        source
+            .exec(
+                "CREATE TABLE docs (id INTEGER PRIMARY KEY, doc TEXT, at TEXT NOT NULL); \
+                 INSERT INTO docs VALUES (1, '{\"a\": [1, 2]}', '2024-01-05 10:00:00'), \
+                 (2, 'not json', '2024-01-05 11:00:00')",
+            )
+            .await;
+        let text = r#"name = "docs"
+export_type = "docs"
+[period]
+granularity = "day"
+timezone = "UTC"
+start = "2024-01-01"
+lag = "0s"
+[[sources]]
+id = "db"
+transport = "sql"
+url = "${TM_SQL_SOURCE_URL}"
+query = "select id, doc, at from docs where at >= :period_start and at < :period_end"
+resume_key = ["at", "id"]
+[fields]
+id = { type = "int", required = true }
+doc = { type = "json" }
+[load]
+table = "docs"
+key = ["id"]
+max_rejects = 1
+"#;
+        let mut env = Env::new(backend).await;
+        env.write("pipelines/docs.toml", text);
+        env.set_var("TM_SQL_SOURCE_URL", &source.url);
+        let out = env.tidemark(&["run", "docs", "--period", "2024-01-05"]);
+        out.expect_code(0, "one bad row within max_rejects");
+        let loaded = env.db.select(&["id"], "FROM docs ORDER BY id").await;
+        assert_eq!(loaded, vec![vec![Some("1".to_string())]], "{out}");
+        let rejects = env
+            .db
+            .select(&["field", "value", "reason"], "FROM _tm_rejects")
+            .await;
+        assert_eq!(rejects.len(), 1, "{out}");
+        assert_eq!(rejects[0][0].as_deref(), Some("doc"));
+        assert_eq!(rejects[0][1].as_deref(), Some("not json"));
+        assert!(
+            rejects[0][2].as_deref().is_some_and(|r| r.contains("JSON")),
+            "{rejects:?}"
+        );
+    }
+}

@@ -258,22 +258,16 @@ pub(crate) async fn failed<D: Driver>(
     counts: &Counts,
     error: &Error,
 ) -> Result<(), Error> {
+    let class = error.class().as_str();
+    let changed = before.failures == 0 || before.previous_class.as_deref() != Some(class);
     let told = Told {
         before,
         lease,
         counts,
         error: Some(error),
     };
-    let payload = told.payload();
-    let class = error.class().as_str();
-    let changed = before.failures == 0 || before.previous_class.as_deref() != Some(class);
-    if changed {
-        let kind = kind_of_failure(error);
-        for target in lease.notices.wanting(kind) {
-            insert::<D>(tx, &told, kind.as_str(), &target, &payload).await?;
-        }
-    }
-    lineage::<D>(tx, &told, LineageEvent::Fail, &payload).await
+    let kind = changed.then(|| kind_of_failure(error));
+    tell::<D>(tx, &told, kind, LineageEvent::Fail).await
 }
 
 /// The notices of a finished attempt: `recovered` when the key had failed
@@ -290,13 +284,8 @@ pub(crate) async fn done<D: Driver>(
         counts,
         error: None,
     };
-    let payload = told.payload();
-    if before.failures > 0 {
-        for target in lease.notices.wanting(NoticeKind::Recovered) {
-            insert::<D>(tx, &told, NoticeKind::Recovered.as_str(), &target, &payload).await?;
-        }
-    }
-    lineage::<D>(tx, &told, LineageEvent::Complete, &payload).await
+    let kind = (before.failures > 0).then_some(NoticeKind::Recovered);
+    tell::<D>(tx, &told, kind, LineageEvent::Complete).await
 }
 
 /// A lineage event of an attempt's start or stop (`START`, `ABORT`).
@@ -313,8 +302,24 @@ pub(crate) async fn attempt_event<D: Driver>(
         counts,
         error: None,
     };
+    tell::<D>(tx, &told, None, event).await
+}
+
+/// Writes the notice of `kind` (when the change is news) for every target
+/// that wants it, then the lineage `event`: one payload for all of them.
+async fn tell<D: Driver>(
+    tx: &mut D::Tx,
+    told: &Told<'_>,
+    kind: Option<NoticeKind>,
+    event: LineageEvent,
+) -> Result<(), Error> {
     let payload = told.payload();
-    lineage::<D>(tx, &told, event, &payload).await
+    if let Some(kind) = kind {
+        for target in told.lease.notices.wanting(kind) {
+            insert::<D>(tx, told, kind.as_str(), &target, &payload).await?;
+        }
+    }
+    lineage::<D>(tx, told, event, &payload).await
 }
 
 async fn lineage<D: Driver>(
