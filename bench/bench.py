@@ -52,7 +52,9 @@ import uuid
 from datetime import date, datetime, timedelta
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release", "tidemark")
+# TIDEMARK_BENCH_BIN compares another build (an A/B of two commits) on the
+# same data; the default is this checkout's release build.
+BIN = os.environ.get("TIDEMARK_BENCH_BIN") or os.path.join(ROOT, "target", "release", "tidemark")
 PG_URL = os.environ.get("TIDEMARK_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 COLUMNS = "order_id,quantity,customer,amount,status,created_at,updated_at,note"
 

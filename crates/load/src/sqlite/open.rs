@@ -4,10 +4,11 @@
 use std::ffi::c_int;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
 use tidemark_core::Error;
 
 use super::ffi::{self, WalSignal};
+use super::BUSY_TIMEOUT;
 use crate::db_error::{db_error, is_sqlite_busy};
 use crate::retry_while;
 
@@ -91,6 +92,13 @@ pub(super) const WAL_CHECKPOINT_FRAMES: c_int = 10_000;
 /// reader). A single 1,000,000-row period: 2.85-3.18 s -> 2.51-2.67 s
 /// (ADR 0003, decision 16). Wake-ups that arrive during a checkpoint fold
 /// into one more pass.
+///
+/// A passive checkpoint alone never lets the WAL start over while commits
+/// follow each other: each pass ends behind the frames committed during
+/// it, and SQLite rewinds the WAL only once every frame is copied. Two
+/// thousand tiny periods grew it to 352 MB, every commit appending pages
+/// the kernel then had to write back (ADR 0022). So each pass ends with a
+/// `RESTART` that does not wait ([`restart_without_waiting`]).
 pub(super) async fn checkpoint_in_background(pool: SqlitePool, signal: &'static WalSignal) {
     loop {
         signal.notify.notified().await;
@@ -105,6 +113,36 @@ pub(super) async fn checkpoint_in_background(pool: SqlitePool, signal: &'static 
             .await
         {
             tracing::debug!(error = %e, "background WAL checkpoint failed");
+            continue;
+        }
+        if let Err(e) = restart_without_waiting(&mut conn).await {
+            tracing::debug!(error = %e, "background WAL restart failed");
+            // The connection may still have a zero busy timeout: never
+            // hand it back to the pool's other users.
+            conn.close_on_drop();
         }
     }
+}
+
+/// Copies the few frames committed during the passive pass and rewinds the
+/// WAL, but only if that costs no waiting: with a zero busy timeout SQLite
+/// takes the write lock only when no transaction holds it (otherwise it
+/// falls back to a passive pass and reports "busy"), and rewinds only when
+/// no reader is still in the WAL. Holding the write lock for the remainder
+/// of an already-copied WAL is short, so a writer waits at most for that;
+/// the next wake-up tries again when this one was busy.
+async fn restart_without_waiting(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("PRAGMA busy_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
+    let restarted = sqlx::query("PRAGMA wal_checkpoint(RESTART)")
+        .execute(&mut *conn)
+        .await;
+    sqlx::query(&format!(
+        "PRAGMA busy_timeout = {}",
+        BUSY_TIMEOUT.as_millis()
+    ))
+    .execute(&mut *conn)
+    .await?;
+    restarted.map(drop)
 }
