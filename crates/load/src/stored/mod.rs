@@ -96,7 +96,7 @@ pub(crate) fn streamed(incoming: Receiver<Scanned>, budget: u64) -> Result<Store
     );
     let mut file = spill::Spilled::streaming(incoming, budget)?;
     file.append(&first)?;
-    Ok(StoredHashes::Spilled(file))
+    Ok(StoredHashes::Spilled(Box::new(file)))
 }
 
 /// A stored key, as a lookup finds it.
@@ -113,7 +113,8 @@ pub(crate) struct Found {
 #[derive(Debug)]
 pub(crate) enum StoredHashes {
     Memory(InMemory),
-    Spilled(spill::Spilled),
+    /// Boxed: the file form's state is several times the memory form's.
+    Spilled(Box<spill::Spilled>),
 }
 
 impl Default for StoredHashes {
@@ -308,7 +309,7 @@ impl Builder {
 
     pub(crate) fn finish(self) -> Result<StoredHashes, Error> {
         if let Some(file) = self.file {
-            return Ok(StoredHashes::Spilled(file.finish(self.budget)?));
+            return Ok(StoredHashes::Spilled(Box::new(file.finish(self.budget)?)));
         }
         let mut stored = InMemory::new(self.pairs);
         for key in self.ours {
