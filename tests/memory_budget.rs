@@ -14,6 +14,7 @@ backend_tests! {
     over_the_budget_a_resync_is_exactly_the_in_memory_one: over_the_budget_a_resync_is_exactly_the_in_memory_one_sqlite, over_the_budget_a_resync_is_exactly_the_in_memory_one_postgres;
     over_the_budget_first_duplicates_win_as_in_memory: over_the_budget_first_duplicates_win_as_in_memory_sqlite, over_the_budget_first_duplicates_win_as_in_memory_postgres;
     kill_9_in_a_period_over_the_budget_resumes_to_the_same_end: kill_9_in_a_period_over_the_budget_resumes_to_the_same_end_sqlite, kill_9_in_a_period_over_the_budget_resumes_to_the_same_end_postgres;
+    a_resync_over_the_budget_writes_exactly_what_changed: a_resync_over_the_budget_writes_exactly_what_changed_sqlite, a_resync_over_the_budget_writes_exactly_what_changed_postgres;
 }
 
 /// Pipeline `NAME` loading `data/YYYY-MM-DD.csv` (`id,n,note`) into table
@@ -274,4 +275,79 @@ async fn kill_9_in_a_period_over_the_budget_resumes_to_the_same_end(backend: Bac
     );
     let c = counts(&result);
     assert_eq!((c[1], c[4]), (20, 5), "20 inserted, 5 deleted: {result}");
+}
+
+/// A period far larger than the budget (20,000 rows, 64 KiB: about 1,600
+/// rows in memory), re-synced: unchanged, nothing is written; after a few
+/// rows were updated, deleted and added upstream (one of them in the middle
+/// of the export, so a key misses the stored order's cursor), exactly
+/// those. On SQLite the stored rows are read while the run compares
+/// (ADR 0021, "Overlapping the stored scan").
+async fn a_resync_over_the_budget_writes_exactly_what_changed(backend: Backend) {
+    let env = Env::new(backend).await;
+    pipeline(&env, "big", "batch_size = 1000\nmemory_budget = \"64KiB\"");
+    let n = 20_000;
+    let v1: Rows = (0..n)
+        .map(|i| (format!("K{i:05}"), i.to_string(), "v1".to_string()))
+        .collect();
+    env.write("pipelines/data/2024-01-01.csv", &csv(&v1));
+    let (first, _) = run(&env, "big", false);
+    assert_eq!(counts(&first)[1], 20_000, "first load: {first}");
+
+    let before = run_ids(&env, "big").await;
+    let (unchanged, log) = run(&env, "big", true);
+    assert!(log.contains("spilled=true"), "{log}");
+    if backend == Backend::Sqlite {
+        assert!(
+            log.contains("comparing while the stored rows are read"),
+            "{log}"
+        );
+    }
+    let c = counts(&unchanged);
+    assert_eq!(
+        (c[0], c[1], c[2], c[3], c[4]),
+        (20_000, 0, 0, 20_000, 0),
+        "an unchanged re-sync writes nothing: {unchanged}"
+    );
+    assert_eq!(run_ids(&env, "big").await, before, "rows not rewritten");
+
+    let updated = [3, 7, 5_000, 12_345, 19_999];
+    let deleted = [10, 8_191, 8_192, 15_000];
+    let mut v2: Rows = Vec::new();
+    for (i, (id, k, note)) in v1.iter().enumerate() {
+        if deleted.contains(&i) {
+            continue;
+        }
+        if updated.contains(&i) {
+            v2.push((id.clone(), k.clone(), "v2".into()));
+        } else {
+            v2.push((id.clone(), k.clone(), note.clone()));
+        }
+        if i == 9_000 {
+            v2.push(("N1".into(), "1".into(), "new".into()));
+        }
+    }
+    v2.push(("N2".into(), "2".into(), "new".into()));
+    v2.push(("N3".into(), "3".into(), "new".into()));
+    env.write("pipelines/data/2024-01-01.csv", &csv(&v2));
+    let (changed, log) = run(&env, "big", true);
+    assert!(log.contains("spilled=true"), "{log}");
+    let c = counts(&changed);
+    assert_eq!(
+        (c[0], c[1], c[2], c[3], c[4]),
+        (20_000 - 4 + 3, 3, 5, 20_000 - 4 - 5, 4),
+        "3 inserted, 5 updated, 4 deleted: {changed}"
+    );
+    assert_eq!(table(&env, "big").await, expected(&v2, true));
+
+    // Unchanged again; the row added in the middle is now stored last.
+    let before = run_ids(&env, "big").await;
+    let (again, _) = run(&env, "big", true);
+    let c = counts(&again);
+    assert_eq!(
+        (c[1], c[2], c[3], c[4]),
+        (0, 0, 20_000 - 4 + 3, 0),
+        "{again}"
+    );
+    assert_eq!(run_ids(&env, "big").await, before, "rows not rewritten");
 }

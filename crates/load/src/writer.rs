@@ -208,14 +208,30 @@ impl RunWriter {
         // Only a resumed run can find rows it wrote itself; a fresh run's id
         // is new, so the per-row comparison is skipped.
         let run_id = (run.batches > 0).then_some(run.lease.run_id.as_str());
-        let mut builder = Builder::new(options.memory_budget);
-        // Rows this run wrote before a crash were seen.
-        store
-            .stored_rows(&schema, &lineage, run_id, |stored| {
-                builder.push(stored.key, stored.row_hash, stored.written_by_run)
-            })
-            .await?;
-        let mut existing = builder.finish()?;
+        // On SQLite a fresh attempt compares while the stored rows are read
+        // (ADR 0021); anything else reads them first.
+        let streamed = match &store.backend {
+            crate::Backend::Sqlite(s)
+                if run_id.is_none() && run.seen.is_empty() && !options.track_new_keys =>
+            {
+                s.streamed_stored_rows(&schema, &lineage, options.memory_budget)
+                    .await?
+            }
+            _ => None,
+        };
+        let mut existing = match streamed {
+            Some(existing) => existing,
+            None => {
+                let mut builder = Builder::new(options.memory_budget);
+                // Rows this run wrote before a crash were seen.
+                store
+                    .stored_rows(&schema, &lineage, run_id, |stored| {
+                        builder.push(stored.key, stored.row_hash, stored.written_by_run)
+                    })
+                    .await?;
+                builder.finish()?
+            }
+        };
         // A resumed attempt: the keys its committed batches remembered were seen.
         let mut seen_new = KeySet::default();
         for &key in &run.seen {
@@ -336,6 +352,8 @@ impl RunWriter {
         checkpoint: &serde_json::Value,
         reconcile: &Reconcile,
     ) -> Result<serde_json::Value, Error> {
+        // Every stored row must be known before any is counted as vanished.
+        self.existing.complete()?;
         let (batch, found) = self.plan(rows, rejects, rows_read, checkpoint)?;
         // Reconciliation must count this batch's keys as seen; taken back
         // if the transaction does not commit.
@@ -432,6 +450,8 @@ impl RunWriter {
     /// Reconciles vanished rows per `reconcile` and marks the run done, in
     /// one fenced transaction. Returns the canonical result.
     pub async fn finish(&mut self, reconcile: &Reconcile) -> Result<serde_json::Value, Error> {
+        // Every stored row must be known before any is counted as vanished.
+        self.existing.complete()?;
         let reconcile = self.effective(reconcile);
         if reconcile.on_missing != OnMissing::Keep {
             self.existing.prepare_reconcile()?;

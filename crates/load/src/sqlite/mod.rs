@@ -12,6 +12,7 @@
 //! - `ledger_sql`: ledger statements on a transaction's held raw handle;
 //! - `kept`: held connections kept between transactions, with their
 //!   prepared statements;
+//! - `scan`: a re-sync's read of the stored rows on a thread of its own;
 //! - `ffi`: every raw call into SQLite (the one place `unsafe` is allowed).
 
 pub(crate) mod driver;
@@ -20,6 +21,7 @@ mod kept;
 mod ledger_sql;
 mod open;
 mod raw;
+mod scan;
 mod table;
 
 use std::ffi::c_int;
@@ -52,6 +54,10 @@ pub(crate) struct SqliteStore {
     read_only: bool,
     /// The space reserve beside the database file (see [`Reserve`]).
     reserve: Option<std::sync::Arc<Reserve>>,
+    /// Connections of the stored-row scans that overlap a re-sync's
+    /// reading (see [`scan`]); `None` for a database no other connection
+    /// can open, and read-only.
+    scans: Option<std::sync::Arc<scan::ScanConnections>>,
 }
 
 /// Space kept beside the database file (`<file>-tidemark-reserve`, 256
@@ -156,6 +162,7 @@ impl SqliteStore {
         let file = options.get_filename();
         let reserve = (!file.as_os_str().is_empty() && file != std::path::Path::new(":memory:"))
             .then(|| std::sync::Arc::new(Reserve::keep(file)));
+        let scans = scan::ScanConnections::for_file(file);
         let pool = open_pool(options, wal_signal).await?;
         tokio::spawn(checkpoint_in_background(pool.clone(), wal_signal));
         let store = SqliteStore {
@@ -164,6 +171,7 @@ impl SqliteStore {
             wal_signal,
             read_only: false,
             reserve,
+            scans,
         };
         store.migrate().await?;
         Ok(store)
@@ -205,6 +213,7 @@ impl SqliteStore {
             })),
             read_only: true,
             reserve: None,
+            scans: None,
         };
         let found: Option<String> = sqlx::query_scalar(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_tm_runs'",
@@ -269,6 +278,9 @@ impl SqliteStore {
 
     pub(crate) async fn close(&self) {
         self.kept.release_all();
+        if let Some(scans) = &self.scans {
+            scans.close();
+        }
         if self.read_only {
             self.pool.close().await;
             return;

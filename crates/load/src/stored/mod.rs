@@ -7,9 +7,16 @@
 //! need more go to a temporary file ([`spill::Spilled`]), so a period of
 //! any size runs in the same memory (ADR 0007); that file keeps the order
 //! the rows came in, which an unchanged re-sync reads them in (ADR 0021).
+//!
+//! On SQLite a fresh attempt may read the stored rows on another thread
+//! while the run compares ([`streamed`]): the 2 s scan of a 4,000,000-row
+//! period then overlaps reading and typing the source instead of coming
+//! before it (ADR 0021, "Overlapping the stored scan").
 
 mod memory;
 mod spill;
+
+use std::sync::mpsc::Receiver;
 
 use tidemark_core::{Error, Hash128, KeySet};
 
@@ -21,6 +28,76 @@ const MEMORY_ENTRY: u64 = 40;
 
 /// Bytes a key this run wrote before a crash costs while it is collected.
 const OURS_ENTRY: u64 = 16;
+
+/// Stored rows a scan read before the run compares anything: below this,
+/// the scan's end is awaited and the pairs are held as a serial scan would
+/// hold them (most periods are small, and the memory form is the fastest to
+/// look up); past it, or past the budget, the run compares while the scan
+/// goes on.
+const STREAM_AFTER: u64 = 65_536;
+
+/// What a scan on another thread sends, in the order it reads the rows.
+#[derive(Debug)]
+pub(crate) enum Scanned {
+    /// The next stored `(key hash, row hash)` pairs.
+    Rows(Vec<(Hash128, Hash128)>),
+    /// Every row was read.
+    End,
+    /// The scan failed; nothing follows.
+    Failed(Error),
+}
+
+/// A scan that stopped sending without saying why (its thread is gone).
+pub(crate) fn scan_stopped() -> Error {
+    Error::Database {
+        message: "the scan of the period's stored rows stopped before its end".into(),
+        transient: true,
+    }
+}
+
+/// Waits on a multi-threaded runtime's worker without stalling its other
+/// tasks (the reader one batch ahead, the heartbeat).
+fn wait<R>(work: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
+}
+
+/// The stored hashes of a scan that runs on another thread and sends what
+/// it reads through `incoming`. A scan that ends within [`STREAM_AFTER`]
+/// rows (and the budget) is held in memory, as [`Builder`] holds a serial
+/// one; a longer one goes to the arrival-order file as it is read, and the
+/// run compares at the cursor while it goes on ([`spill::Spilled`]): no
+/// sort, no wait for rows the cursor has not reached.
+pub(crate) fn streamed(incoming: Receiver<Scanned>, budget: u64) -> Result<StoredHashes, Error> {
+    let first_rows = usize::try_from(STREAM_AFTER.min(budget / MEMORY_ENTRY)).unwrap_or(0);
+    let mut first = Vec::new();
+    while first.len() < first_rows.max(1) {
+        match wait(|| incoming.recv().ok()) {
+            Some(Scanned::Rows(pairs)) => first.extend(pairs),
+            Some(Scanned::End) => {
+                let mut builder = Builder::new(budget);
+                for (key, row_hash) in first {
+                    builder.push(key, row_hash, false)?;
+                }
+                return builder.finish();
+            }
+            Some(Scanned::Failed(e)) => return Err(e),
+            None => return Err(scan_stopped()),
+        }
+    }
+    tracing::debug!(
+        read = first.len(),
+        "comparing while the stored rows are read"
+    );
+    let mut file = spill::Spilled::streaming(incoming, budget)?;
+    file.append(&first)?;
+    Ok(StoredHashes::Spilled(Box::new(file)))
+}
 
 /// A stored key, as a lookup finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +113,8 @@ pub(crate) struct Found {
 #[derive(Debug)]
 pub(crate) enum StoredHashes {
     Memory(InMemory),
-    Spilled(spill::Spilled),
+    /// Boxed: the file form's state is several times the memory form's.
+    Spilled(Box<spill::Spilled>),
 }
 
 impl Default for StoredHashes {
@@ -112,6 +190,15 @@ impl StoredHashes {
         match self {
             StoredHashes::Memory(m) => m.was_seen(position),
             StoredHashes::Spilled(s) => s.was_seen(position),
+        }
+    }
+
+    /// Waits for a scan still reading the stored rows to end
+    /// ([`streamed`]): what counts keys not seen needs all of them.
+    pub(crate) fn complete(&mut self) -> Result<(), Error> {
+        match self {
+            StoredHashes::Memory(_) => Ok(()),
+            StoredHashes::Spilled(s) => s.complete(),
         }
     }
 
@@ -222,7 +309,7 @@ impl Builder {
 
     pub(crate) fn finish(self) -> Result<StoredHashes, Error> {
         if let Some(file) = self.file {
-            return Ok(StoredHashes::Spilled(file.finish(self.budget)?));
+            return Ok(StoredHashes::Spilled(Box::new(file.finish(self.budget)?)));
         }
         let mut stored = InMemory::new(self.pairs);
         for key in self.ours {
@@ -363,6 +450,90 @@ mod tests {
         assert!(!file.vanished(spread(5)), "seen once: kept");
         assert!(file.vanished(spread(6)), "never seen: vanished");
         assert!(!file.vanished(spread(500)), "never stored");
+    }
+
+    /// A scan on another thread sending `n` pairs in chunks of `chunk`,
+    /// slowly, then its end (or a failure, with `fail`).
+    fn scan_of(n: u128, chunk: usize, fail: bool) -> Receiver<Scanned> {
+        let (to, incoming) = std::sync::mpsc::sync_channel(2);
+        std::thread::spawn(move || {
+            let pairs: Vec<(Hash128, Hash128)> = (0..n).map(|i| (spread(i), Hash128(i))).collect();
+            for part in pairs.chunks(chunk) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                if to.send(Scanned::Rows(part.to_vec())).is_err() {
+                    return;
+                }
+            }
+            let last = if fail {
+                Scanned::Failed(Error::Database {
+                    message: "disk I/O error".into(),
+                    transient: false,
+                })
+            } else {
+                Scanned::End
+            };
+            let _ = to.send(last);
+        });
+        incoming
+    }
+
+    /// Lookups made while the scan is still sending answer as a serial
+    /// scan's would: in the stored order (with gaps) at the cursor, a key
+    /// not at the cursor after the scan's end, and reconciliation sees
+    /// every key not seen, including those sent after the last lookup.
+    #[test]
+    fn a_streamed_scan_answers_as_a_serial_one() {
+        let n = 20_000u128;
+        for order in [
+            (0..n).filter(|i| i % 50 != 7).collect::<Vec<u128>>(),
+            (0..n).rev().collect(),
+            (0..n / 2).chain([n + 5]).chain(n / 2..n - 100).collect(),
+        ] {
+            let mut memory = build(u64::MAX, n, |_| false);
+            let mut streamed = streamed(scan_of(n, 1000, false), 3000).unwrap();
+            assert!(streamed.spilled());
+            for batch in order.chunks(700) {
+                let keys: Vec<Hash128> = batch.iter().map(|&i| spread(i)).collect();
+                let a = memory.find_all(&keys).unwrap();
+                let b = streamed.find_all(&keys).unwrap();
+                for ((&i, a), b) in batch.iter().zip(&a).zip(&b) {
+                    assert_eq!(a.map(|f| f.row_hash), b.map(|f| f.row_hash), "key {i}");
+                    assert_eq!(b.and_then(|f| f.row_hash), (i < n).then_some(Hash128(i)));
+                }
+                for (a, b) in a.iter().zip(&b) {
+                    if let (Some(a), Some(b)) = (a, b) {
+                        memory.saw(a.position, Hash128(1), false);
+                        streamed.saw(b.position, Hash128(1), false);
+                    }
+                }
+            }
+            streamed.complete().unwrap();
+            assert_eq!(streamed.len(), memory.len());
+            assert_eq!(streamed.unseen(), memory.unseen());
+            streamed.prepare_reconcile().unwrap();
+            for i in 0..n + 10 {
+                assert_eq!(
+                    memory.vanished(spread(i)),
+                    streamed.vanished(spread(i)),
+                    "key {i}"
+                );
+            }
+        }
+    }
+
+    /// A scan that ends within the first rows is held in memory, as a
+    /// serial one; a failed scan fails every later lookup.
+    #[test]
+    fn a_short_or_failed_scan() {
+        let mut short = streamed(scan_of(500, 100, false), u64::MAX).unwrap();
+        assert!(!short.spilled());
+        assert_eq!(short.len(), 500);
+        assert!(short.find_all(&[spread(499)]).unwrap()[0].is_some());
+        assert!(streamed(scan_of(500, 100, true), u64::MAX).is_err());
+        let mut failed = streamed(scan_of(5000, 100, true), 3000).unwrap();
+        assert!(failed.complete().is_err());
+        assert!(failed.find_all(&[spread(1)]).is_err(), "still failed");
+        assert!(failed.prepare_reconcile().is_err());
     }
 
     /// Rows a resumed attempt wrote before count as seen in either form,

@@ -16,16 +16,26 @@
 //! Memory holds the "seen" and "written" bits (two bits per row), the
 //! cursor's window and, once sorted, a sparse directory (the first key of
 //! every block of [`BLOCK`] entries) and one block.
+//!
+//! The file may also be filled while it is read ([`Spilled::streaming`]):
+//! a scan on another thread sends the stored pairs as it reads them, and
+//! the cursor compares each key as soon as the scan has passed its
+//! position (and the lookahead after it), so an unchanged re-sync compares
+//! while SQLite is still reading. What needs every stored row (a key not
+//! at the cursor, the count of keys not seen, reconciliation) waits for the
+//! scan's end first.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::FileExt;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Mutex;
 
 use tidemark_core::{Error, Hash128, KeySet};
 
-use super::Found;
+use super::{scan_stopped, wait, Found, Scanned};
 
 /// Entries per block of the sorted file: one `pread` per fallback lookup.
 const BLOCK: usize = 64;
@@ -149,6 +159,8 @@ impl Writer {
             sorted: None,
             budget,
             unseen_keys: None,
+            incoming: None,
+            failed: None,
         })
     }
 }
@@ -172,9 +184,99 @@ pub(crate) struct Spilled {
     budget: u64,
     /// The keys not seen, once the run reconciles.
     unseen_keys: Option<KeySet>,
+    /// The scan still sending stored pairs, until its end ([`Spilled::streaming`]).
+    /// In a mutex only so that the stored hashes can be shared by reference
+    /// across an `.await`: every use has `&mut self`.
+    incoming: Option<Mutex<Receiver<Scanned>>>,
+    /// How the scan failed: every later lookup fails the same way (its
+    /// rows are not all known, so no answer would be right).
+    failed: Option<Error>,
 }
 
 impl Spilled {
+    /// An empty file that `incoming` fills as a scan on another thread
+    /// reads the stored rows (none of them written by this run: a resumed
+    /// attempt scans before it compares). Lookups at the cursor wait only
+    /// for the positions they need; see the module's documentation.
+    pub(crate) fn streaming(incoming: Receiver<Scanned>, budget: u64) -> Result<Spilled, Error> {
+        Ok(Spilled {
+            file: new_file()?,
+            len: 0,
+            seen: Vec::new(),
+            written: Vec::new(),
+            unseen: 0,
+            window: Vec::new(),
+            window_start: 0,
+            next: 0,
+            sorted: None,
+            budget,
+            unseen_keys: None,
+            incoming: Some(Mutex::new(incoming)),
+            failed: None,
+        })
+    }
+
+    /// Appends stored pairs that the scan read, in its order.
+    pub(crate) fn append(&mut self, pairs: &[(Hash128, Hash128)]) -> Result<(), Error> {
+        let mut bytes = Vec::with_capacity(pairs.len() * ENTRY);
+        for (key, row_hash) in pairs {
+            bytes.extend_from_slice(&key.to_bytes());
+            bytes.extend_from_slice(&row_hash.to_bytes());
+        }
+        self.file
+            .write_all_at(&bytes, (self.len * ENTRY) as u64)
+            .map_err(|e| io_error("writing", e))?;
+        self.len += pairs.len();
+        self.unseen += pairs.len();
+        let words = self.len.div_ceil(64);
+        self.seen.resize(words, 0);
+        self.written.resize(words, 0);
+        Ok(())
+    }
+
+    /// Takes in what the scan has sent so far, and waits for more while
+    /// fewer than `need` entries are in (`usize::MAX`: until its end).
+    /// Nothing to do once the scan ended, or for a file filled up front.
+    fn take_in(&mut self, need: usize) -> Result<(), Error> {
+        if let Some(failed) = &self.failed {
+            return Err(failed.clone());
+        }
+        loop {
+            let Some(incoming) = self.incoming.as_mut() else {
+                return Ok(());
+            };
+            let incoming = incoming
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let message = match incoming.try_recv() {
+                Ok(message) => Some(message),
+                Err(TryRecvError::Empty) if self.len >= need => return Ok(()),
+                Err(TryRecvError::Empty) => wait(|| incoming.recv().ok()),
+                Err(TryRecvError::Disconnected) => None,
+            };
+            match message {
+                Some(Scanned::Rows(pairs)) => self.append(&pairs)?,
+                Some(Scanned::End) => {
+                    self.incoming = None;
+                    tracing::debug!(stored = self.len, "the stored-row scan ended");
+                }
+                Some(Scanned::Failed(e)) => return Err(self.fail(e)),
+                None => return Err(self.fail(scan_stopped())),
+            }
+        }
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        self.incoming = None;
+        self.failed = Some(e.clone());
+        e
+    }
+
+    /// Waits for the scan's end: every stored row is in the file.
+    pub(crate) fn complete(&mut self) -> Result<(), Error> {
+        self.take_in(usize::MAX)
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -215,6 +317,10 @@ impl Spilled {
 
     /// The key at or shortly after the cursor, moving the cursor past it.
     fn at_cursor(&mut self, key: Hash128) -> Result<Option<Found>, Error> {
+        let need = self.next.saturating_add(LOOKAHEAD);
+        if self.incoming.is_some() && need > self.len {
+            self.take_in(need)?;
+        }
         if self.next >= self.len {
             return Ok(None);
         }
@@ -235,6 +341,8 @@ impl Spilled {
     /// the keys come in the stored order, else in the sorted copy, in key
     /// order so that keys sharing a block share its read.
     pub(crate) fn find_all(&mut self, keys: &[Hash128]) -> Result<Vec<Option<Found>>, Error> {
+        // What the scan sent meanwhile, so that it need not wait for room.
+        self.take_in(0)?;
         let mut found = Vec::with_capacity(keys.len());
         let mut missed = Vec::new();
         for (i, &key) in keys.iter().enumerate() {
@@ -247,6 +355,8 @@ impl Spilled {
         if missed.is_empty() {
             return Ok(found);
         }
+        // A key not at the cursor may still be anywhere in the stored rows.
+        self.complete()?;
         if self.sorted.is_none() {
             tracing::debug!(
                 stored = self.len,
@@ -294,6 +404,7 @@ impl Spilled {
     /// a key the table held twice (a scan racing a takeover) and that was
     /// seen at either place does not vanish.
     pub(crate) fn collect_unseen(&mut self) -> Result<(), Error> {
+        self.complete()?;
         let mut keys = KeySet::default();
         if self.unseen > 0 {
             self.each_entry(|position, key| {
