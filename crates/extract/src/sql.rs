@@ -88,9 +88,8 @@ struct Rows {
     cells: Vec<Cell>,
     /// A cell's text, for the cells that are not text already.
     text: String,
-    /// The longest text record's bytes so far: a record's buffer is
-    /// sized once, not grown field by field.
-    widest: usize,
+    /// A text record as it is written, copied into one of its exact size.
+    scratch: csv::StringRecord,
 }
 
 /// A keyset chunk read whole: its batches, each with the key of its last
@@ -739,8 +738,7 @@ impl Plan {
             };
         };
         if self.as_text {
-            let row = self.text_row(shape, &rows.cells, &mut rows.text, rows.widest);
-            rows.widest = rows.widest.max(row.as_slice().len());
+            let row = self.text_row(shape, &rows.cells, &mut rows.text, &mut rows.scratch);
             return RawRecord {
                 data: RawData::Csv {
                     headers: Arc::clone(&shape.headers),
@@ -789,16 +787,21 @@ impl Plan {
     }
 
     /// The decoded row's cells as the text of a CSV row (time columns read
-    /// as their kind first), in a buffer of `widest` bytes. Text a `json`
-    /// field reads that is no JSON fails its field, a reject.
+    /// as their kind first). Text a `json` field reads that is no JSON
+    /// fails its field, a reject. The row is written into `scratch` and
+    /// copied into a record of its exact size: a chunk of records is held
+    /// at once, and a buffer sized by guess is either grown by doubling
+    /// or, sized by the widest row so far, lets one wide row inflate every
+    /// record after it.
     fn text_row(
         &self,
         shape: &Shape,
         cells: &[Cell],
         text: &mut String,
-        widest: usize,
+        scratch: &mut csv::StringRecord,
     ) -> csv::StringRecord {
-        let mut row = csv::StringRecord::with_capacity(widest, cells.len());
+        scratch.clear();
+        let row = scratch;
         for (cell, time) in cells.iter().zip(&shape.times) {
             match (cell, time) {
                 (Cell::Text(s), None) => row.push_field(s),
@@ -812,7 +815,11 @@ impl Plan {
                 }
             }
         }
-        row
+        let mut exact = csv::StringRecord::with_capacity(row.as_slice().len(), row.len());
+        for field in row.iter() {
+            exact.push_field(field);
+        }
+        exact
     }
 
     /// The rows `count_query` counts for the period.
