@@ -50,7 +50,7 @@ use tokio::task::JoinHandle;
 use crate::http::secrets::Secrets;
 use crate::{Batch, Checkpoint};
 use cell::Cell;
-use dialect::{Db, Dialect, Failure, FailureKind, SqlRow};
+use dialect::{Db, Dialect, Failure, FailureKind, Layout, RawRow};
 
 /// A result column `[fields]` reads.
 struct ReadColumn {
@@ -62,6 +62,43 @@ struct ReadColumn {
 /// The result's column names as the header row its text records share.
 fn header_row(columns: &[String]) -> CsvHeaders {
     Arc::new(csv::StringRecord::from(columns.to_vec()))
+}
+
+/// What a period's reader decides once, from its result's first row:
+/// how each column decodes, the header row its text records share, and
+/// what each column is to the pipeline. Every later row (and chunk) of the
+/// period is read with it: no name is looked up per cell.
+struct Shape {
+    layout: Layout,
+    headers: CsvHeaders,
+    /// Per column, the kind `time_columns` declares for it.
+    times: Vec<Option<TimeKind>>,
+    /// Per column, whether a `json` field reads it.
+    json: Vec<bool>,
+    /// The result's place of each resume_key column.
+    keys: Vec<usize>,
+}
+
+/// One period's decoding state, reused row after row: a row is decoded
+/// into the same cells (and their text buffers) and turned into a record
+/// as it arrives.
+#[derive(Default)]
+struct Rows {
+    shape: Option<Shape>,
+    cells: Vec<Cell>,
+    /// A cell's text, for the cells that are not text already.
+    text: String,
+    /// A text record as it is written, copied into one of its exact size.
+    scratch: csv::StringRecord,
+}
+
+/// A keyset chunk read whole: its batches, each with the key of its last
+/// record, and whether it was the period's last.
+struct Chunk {
+    batches: Vec<(Vec<RawRecord>, Vec<Cell>)>,
+    /// The key of the chunk's last record (not of the row past it).
+    last: Vec<Cell>,
+    complete: bool,
 }
 
 /// The checkpoint format; a checkpoint of another version is stale.
@@ -383,17 +420,15 @@ impl Plan {
         db.begin().await.map_err(|f| self.error(f, "query"))?;
         let mut records = Vec::new();
         let mut read = 0u64;
-        let mut headers = None;
+        let mut rows = Rows::default();
         {
-            let mut rows = db.fetch(&sql, &binds);
-            while let Some(row) = rows.next().await {
+            let mut stream = db.fetch_raw(&sql, &binds);
+            while let Some(row) = stream.next().await {
                 let row = row.map_err(|f| self.error(f, "query"))?;
-                if read == 0 {
-                    self.check_columns(&row)?;
-                }
+                self.decode(&mut rows, &row)?;
+                drop(row);
                 read += 1;
-                let headers = headers.get_or_insert_with(|| header_row(&row.columns));
-                records.push(self.record(row, headers, None, read));
+                records.push(self.record(&mut rows, None, read));
                 if records.len() >= self.batch {
                     let checkpoint = json!({ "v": CHECKPOINT_VERSION, "snapshot_rows": read });
                     send(tx, std::mem::take(&mut records), checkpoint).await?;
@@ -415,7 +450,7 @@ impl Plan {
         mut after: Option<Vec<Cell>>,
         tx: &mpsc::Sender<Message>,
     ) -> Result<(), Error> {
-        let mut positions: Option<Vec<usize>> = None;
+        let mut rows = Rows::default();
         for chunk_no in 1.. {
             tracing::debug!(
                 source = %self.source,
@@ -425,41 +460,19 @@ impl Plan {
                 "sql source: reading a chunk"
             );
             let (sql, binds) = self.chunk_statement(db, after.as_deref());
-            let mut rows = self.read_chunk(db, &sql, &binds).await?;
-            let Some(first) = rows.first() else {
+            let Some(chunk) = self
+                .read_chunk(db, &sql, &binds, &mut rows, chunk_no)
+                .await?
+            else {
                 return Ok(());
             };
-            if positions.is_none() {
-                self.check_columns(first)?;
-                positions = Some(self.key_positions(first)?);
+            for (records, key) in chunk.batches {
+                send(tx, records, self.checkpoint(Some(&key))).await?;
             }
-            let positions = positions.as_deref().unwrap_or_default();
-            let keys = rows
-                .iter()
-                .map(|row| self.key(row, positions))
-                .collect::<Result<Vec<_>, Error>>()?;
-            // Includes the row past the chunk: a tie across the boundary.
-            if let Some(pair) = keys.windows(2).find(|pair| pair[0] == pair[1]) {
-                return Err(self.tie(&pair[0]));
-            }
-            let headers = header_row(&first.columns);
-            let last_chunk = rows.len() <= self.chunk;
-            rows.truncate(self.chunk);
-            let mut records = Vec::new();
-            for ((row, key), record_no) in rows.into_iter().zip(keys).zip(1..) {
-                records.push(self.record(row, &headers, Some(chunk_no), record_no));
-                after = Some(key);
-                if records.len() >= self.batch {
-                    let checkpoint = self.checkpoint(after.as_deref());
-                    send(tx, std::mem::take(&mut records), checkpoint).await?;
-                }
-            }
-            if !records.is_empty() {
-                send(tx, records, self.checkpoint(after.as_deref())).await?;
-            }
-            if last_chunk {
+            if chunk.complete {
                 return Ok(());
             }
+            after = Some(chunk.last);
         }
         Ok(())
     }
@@ -487,24 +500,100 @@ impl Plan {
         (sql, binds)
     }
 
-    /// One chunk's rows, read in a read-only transaction of its own.
+    /// One chunk, read in a read-only transaction of its own, each row
+    /// turned into a record as it arrives (no chunk of rows is held, only
+    /// its records); `None` when it is empty. Its batches are handed back,
+    /// not sent: none leaves before the chunk and the row past it are read
+    /// (no tie across the boundary) and the transaction is committed.
     async fn read_chunk(
         &self,
         db: &mut Db,
         sql: &str,
         binds: &[Cell],
-    ) -> Result<Vec<SqlRow>, Error> {
+        rows: &mut Rows,
+        chunk_no: u64,
+    ) -> Result<Option<Chunk>, Error> {
         self.pass_gate().await?;
         db.begin().await.map_err(|f| self.error(f, "query"))?;
-        let mut rows = Vec::with_capacity(self.chunk.min(100_000) + 1);
+        let mut batches = Vec::new();
+        let mut records = Vec::with_capacity(self.batch.min(self.chunk).min(100_000));
+        // The row's key and the previous row's, swapped row after row.
+        let (mut key, mut previous) = (Vec::new(), Vec::new());
+        // The key of the chunk's last record, once a row past it came.
+        let mut last = None;
+        let mut read = 0usize;
         {
-            let mut stream = db.fetch(sql, binds);
+            let mut stream = db.fetch_raw(sql, binds);
             while let Some(row) = stream.next().await {
-                rows.push(row.map_err(|f| self.error(f, "query"))?);
+                let row = row.map_err(|f| self.error(f, "query"))?;
+                self.decode(rows, &row)?;
+                drop(row);
+                self.key_into(rows, &mut key)?;
+                // Includes the row past the chunk: a tie across the boundary.
+                if read > 0 && key == previous {
+                    return Err(self.tie(&key));
+                }
+                read += 1;
+                if read <= self.chunk {
+                    let record_no = u64::try_from(read).unwrap_or(u64::MAX);
+                    records.push(self.record(rows, Some(chunk_no), record_no));
+                    if records.len() >= self.batch {
+                        batches.push((std::mem::take(&mut records), key.clone()));
+                    }
+                    if read == self.chunk {
+                        last = Some(key.clone());
+                    }
+                }
+                std::mem::swap(&mut key, &mut previous);
             }
         }
         db.commit().await.map_err(|f| self.error(f, "query"))?;
-        Ok(rows)
+        if read == 0 {
+            return Ok(None);
+        }
+        // Fewer rows than chunk_size + 1: the last row is the last record.
+        let last = last.unwrap_or(previous);
+        if !records.is_empty() {
+            batches.push((records, last.clone()));
+        }
+        Ok(Some(Chunk {
+            batches,
+            last,
+            complete: read <= self.chunk,
+        }))
+    }
+
+    /// Decodes `row` into `rows`' cells. The first row of the period
+    /// fixes its shape, and is checked for drift and for the key columns.
+    fn decode(&self, rows: &mut Rows, row: &RawRow) -> Result<(), Error> {
+        if let Some(shape) = &rows.shape {
+            return shape
+                .layout
+                .decode(row, &mut rows.cells)
+                .map_err(|f| self.error(f, "query"));
+        }
+        let layout = Layout::new(row);
+        layout
+            .decode(row, &mut rows.cells)
+            .map_err(|f| self.error(f, "query"))?;
+        self.check_columns(&layout.columns, &rows.cells)?;
+        let keys = self.key_positions(&layout.columns)?;
+        rows.shape = Some(Shape {
+            headers: header_row(&layout.columns),
+            times: layout
+                .columns
+                .iter()
+                .map(|c| self.times.get(c).copied())
+                .collect(),
+            json: layout
+                .columns
+                .iter()
+                .map(|c| self.json_columns.contains(c))
+                .collect(),
+            keys,
+            layout,
+        });
+        Ok(())
     }
 
     fn checkpoint(&self, after: Option<&[Cell]>) -> Checkpoint {
@@ -512,17 +601,17 @@ impl Plan {
     }
 
     /// Where each resume_key column is in the result.
-    fn key_positions(&self, row: &SqlRow) -> Result<Vec<usize>, Error> {
+    fn key_positions(&self, columns: &[String]) -> Result<Vec<usize>, Error> {
         self.resume_key
             .iter()
             .map(|k| {
-                row.columns.iter().position(|c| c == k).ok_or_else(|| {
+                columns.iter().position(|c| c == k).ok_or_else(|| {
                     Error::config(
                         &self.file,
                         format!("{}.resume_key", self.at),
                         format!(
                             "the query's result has no column `{k}` (columns: {}); resume_key names result columns",
-                            row.columns.join(", ")
+                            columns.join(", ")
                         ),
                     )
                 })
@@ -530,23 +619,29 @@ impl Plan {
             .collect()
     }
 
-    /// A row's resume key, as the database holds it.
-    fn key(&self, row: &SqlRow, positions: &[usize]) -> Result<Vec<Cell>, Error> {
-        positions
-            .iter()
-            .map(|&i| match &row.cells[i] {
-                Cell::Null => Err(Error::config(
-                    &self.file,
-                    format!("{}.resume_key", self.at),
-                    format!(
-                        "column `{}` of resume_key is NULL in a row of period {}: a key that orders \
-                         the rows must never be NULL",
-                        row.columns[i], self.label
-                    ),
-                )),
-                cell => Ok(cell.clone()),
-            })
-            .collect()
+    /// The decoded row's resume key into `key`, as the database holds it.
+    fn key_into(&self, rows: &Rows, key: &mut Vec<Cell>) -> Result<(), Error> {
+        key.clear();
+        let Some(shape) = &rows.shape else {
+            return Ok(());
+        };
+        for &i in &shape.keys {
+            match &rows.cells[i] {
+                Cell::Null => {
+                    return Err(Error::config(
+                        &self.file,
+                        format!("{}.resume_key", self.at),
+                        format!(
+                            "column `{}` of resume_key is NULL in a row of period {}: a key that \
+                             orders the rows must never be NULL",
+                            shape.layout.columns[i], self.label
+                        ),
+                    ))
+                }
+                cell => key.push(cell.clone()),
+            }
+        }
+        Ok(())
     }
 
     fn tie(&self, key: &[Cell]) -> Error {
@@ -571,11 +666,11 @@ impl Plan {
 
     /// Source drift, on the first row: every column `[fields]` reads must
     /// be in the result, of a type its field can read.
-    fn check_columns(&self, row: &SqlRow) -> Result<(), Error> {
+    fn check_columns(&self, columns: &[String], cells: &[Cell]) -> Result<(), Error> {
         let missing: Vec<String> = self
             .read
             .iter()
-            .filter(|c| !row.columns.contains(&c.column))
+            .filter(|c| !columns.contains(&c.column))
             .map(|c| match c.column == c.field {
                 true => format!("`{}`", c.column),
                 false => format!("`{}` (fields.{}.from)", c.column, c.field),
@@ -586,14 +681,16 @@ impl Plan {
                 "the query's result lacks the column(s) {} that [fields] reads; its columns are {}. \
                  If renamed upstream, point `from` at the new name",
                 missing.join(", "),
-                row.columns.join(", ")
+                columns.join(", ")
             )));
         }
         for read in &self.read {
-            let Some(i) = row.columns.iter().position(|c| *c == read.column) else {
+            let Some(i) = columns.iter().position(|c| *c == read.column) else {
                 continue;
             };
-            let cell = &row.cells[i];
+            let Some(cell) = cells.get(i) else {
+                continue;
+            };
             if !cell.fits(read.ty) {
                 return Err(self.drift(format!(
                     "column `{}` holds {}, which field `{}` ({}) cannot read; cast it in the query \
@@ -620,39 +717,55 @@ impl Plan {
         }
     }
 
-    /// A row as a JSON record; time columns read as their kind. Text a
-    /// `json` field reads is parsed (MySQL's JSON arrives as text, and a
-    /// text column is JSON text for a `json` field, as a CSV cell is); a
-    /// row whose text is no JSON is malformed, a reject like a bad CSV row.
-    fn record(
-        &self,
-        row: SqlRow,
-        headers: &CsvHeaders,
-        chunk: Option<u64>,
-        record: u64,
-    ) -> RawRecord {
+    /// The decoded row as a record: CSV-like text under the shared header
+    /// row when every field reads a column by name, else a JSON object;
+    /// time columns read as their kind. Text a `json` field reads is
+    /// parsed (MySQL's JSON arrives as text, and a text column is JSON
+    /// text for a `json` field, as a CSV cell is); a row whose text is no
+    /// JSON is malformed, a reject like a bad CSV row.
+    fn record(&self, rows: &mut Rows, chunk: Option<u64>, record: u64) -> RawRecord {
         let origin = Origin {
             resource: Arc::clone(&self.resource),
             page: chunk,
             record,
             line: None,
         };
+        let Some(shape) = &rows.shape else {
+            // Never: a row is decoded (and the shape fixed) first.
+            return RawRecord {
+                data: RawData::Json(serde_json::Value::Object(serde_json::Map::new())),
+                origin,
+            };
+        };
         if self.as_text {
-            return self.text_record(row, headers, origin);
+            let row = self.text_row(shape, &rows.cells, &mut rows.text, &mut rows.scratch);
+            return RawRecord {
+                data: RawData::Csv {
+                    headers: Arc::clone(&shape.headers),
+                    row,
+                },
+                origin,
+            };
         }
-        let mut object = serde_json::Map::with_capacity(row.cells.len());
+        let mut object = serde_json::Map::with_capacity(rows.cells.len());
         let mut bad_json = None;
-        for (name, cell) in row.columns.iter().zip(row.cells) {
-            let cell = match self.times.get(name) {
+        let columns = shape
+            .layout
+            .columns
+            .iter()
+            .zip(&shape.times)
+            .zip(&shape.json);
+        for (((name, time), &json), cell) in columns.zip(rows.cells.iter_mut()) {
+            let cell = std::mem::replace(cell, Cell::Null);
+            let cell = match time {
                 Some(kind) => cell.into_time(*kind, self.tz),
                 None => cell,
             };
             let value = match cell {
-                Cell::Text(text) if self.json_columns.contains(name) => serde_json::from_str(&text)
-                    .unwrap_or_else(|e| {
-                        bad_json.get_or_insert(format!("column `{name}` is not valid JSON: {e}"));
-                        serde_json::Value::String(text)
-                    }),
+                Cell::Text(text) if json => serde_json::from_str(&text).unwrap_or_else(|e| {
+                    bad_json.get_or_insert(format!("column `{name}` is not valid JSON: {e}"));
+                    serde_json::Value::String(text)
+                }),
                 cell => cell.into_json(),
             };
             object.insert(name.clone(), value);
@@ -673,28 +786,40 @@ impl Plan {
         }
     }
 
-    /// A row as a CSV-like record: each cell's text (time columns read as
-    /// their kind first) under the result's shared header row. Text a
-    /// `json` field reads that is no JSON fails its field, a reject.
-    fn text_record(&self, row: SqlRow, headers: &CsvHeaders, origin: Origin) -> RawRecord {
-        let mut text = String::new();
-        let mut cells = csv::StringRecord::with_capacity(64, row.cells.len());
-        for (name, cell) in row.columns.iter().zip(row.cells) {
-            let cell = match self.times.get(name) {
-                Some(kind) => cell.into_time(*kind, self.tz),
-                None => cell,
-            };
-            text.clear();
-            cell.push_text(&mut text);
-            cells.push_field(&text);
+    /// The decoded row's cells as the text of a CSV row (time columns read
+    /// as their kind first). Text a `json` field reads that is no JSON
+    /// fails its field, a reject. The row is written into `scratch` and
+    /// copied into a record of its exact size: a chunk of records is held
+    /// at once, and a buffer sized by guess is either grown by doubling
+    /// or, sized by the widest row so far, lets one wide row inflate every
+    /// record after it.
+    fn text_row(
+        &self,
+        shape: &Shape,
+        cells: &[Cell],
+        text: &mut String,
+        scratch: &mut csv::StringRecord,
+    ) -> csv::StringRecord {
+        scratch.clear();
+        let row = scratch;
+        for (cell, time) in cells.iter().zip(&shape.times) {
+            match (cell, time) {
+                (Cell::Text(s), None) => row.push_field(s),
+                (cell, time) => {
+                    text.clear();
+                    match time {
+                        Some(kind) => cell.push_time_text(*kind, self.tz, text),
+                        None => cell.push_text(text),
+                    }
+                    row.push_field(text);
+                }
+            }
         }
-        RawRecord {
-            data: RawData::Csv {
-                headers: Arc::clone(headers),
-                row: cells,
-            },
-            origin,
+        let mut exact = csv::StringRecord::with_capacity(row.as_slice().len(), row.len());
+        for field in row.iter() {
+            exact.push_field(field);
         }
+        exact
     }
 
     /// The rows `count_query` counts for the period.

@@ -3,7 +3,9 @@
 //! checkpoint keeps of the last resume key (so that it is bound again with
 //! its own type on resume, never as text the database would have to cast).
 
-use chrono::{DateTime, NaiveDate, NaiveDateTime, SecondsFormat, TimeZone, Utc};
+use chrono::{
+    DateTime, Datelike, NaiveDate, NaiveDateTime, NaiveTime, SecondsFormat, TimeZone, Timelike, Utc,
+};
 use chrono_tz::Tz;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -121,16 +123,39 @@ impl Cell {
                 out.push_str(if *b { "true" } else { "false" });
                 Ok(())
             }
-            Cell::Date(d) => write!(out, "{}", d.format("%Y-%m-%d")),
-            Cell::Timestamp(t) => write!(out, "{}", t.format("%Y-%m-%dT%H:%M:%S%.f")),
+            Cell::Date(d) => {
+                push_date(*d, out);
+                Ok(())
+            }
+            Cell::Timestamp(t) => {
+                push_naive(*t, out);
+                Ok(())
+            }
             Cell::Timestamptz(t) => {
-                out.push_str(&t.to_rfc3339_opts(SecondsFormat::AutoSi, true));
+                push_instant(t, out);
                 Ok(())
             }
             Cell::Json(Json::Null) => Ok(()),
             Cell::Json(Json::String(s)) if s.is_empty() => Ok(()),
             Cell::Json(v) => write!(out, "{v}"),
         };
+    }
+
+    /// The text [`Cell::push_text`] gives for the value
+    /// [`Cell::into_time`] makes of it, without consuming the cell (the
+    /// reader decodes every row into the same cells).
+    pub(crate) fn push_time_text(&self, kind: TimeKind, tz: Tz, out: &mut String) {
+        match (self, kind) {
+            (Cell::Text(text), _) => match parse_time(text) {
+                Some(cell) => cell.push_time_text(kind, tz, out),
+                None => out.push_str(text),
+            },
+            (Cell::Timestamp(t), TimeKind::Instant) => push_instant(&Utc.from_utc_datetime(t), out),
+            (Cell::Timestamptz(t), TimeKind::WallClock) => {
+                push_naive(t.with_timezone(&tz).naive_local(), out)
+            }
+            (other, _) => other.push_text(out),
+        }
     }
 
     /// The value in a record: JSON that `[fields]` types as it types any
@@ -154,6 +179,93 @@ impl Cell {
             Cell::Json(v) => v,
         }
     }
+}
+
+/// The last decimal digit of `n`.
+fn digit(n: u32) -> char {
+    char::from_digit(n % 10, 10).unwrap_or('0')
+}
+
+/// Two decimal digits, zero-padded.
+fn push_two(n: u32, out: &mut String) {
+    out.push(digit(n / 10));
+    out.push(digit(n));
+}
+
+/// The digits of `n`, zero-padded to `width` (at most 9).
+fn push_padded(mut n: u32, width: usize, out: &mut String) {
+    let mut digits = ['0'; 9];
+    let width = width.min(digits.len());
+    for d in digits[..width].iter_mut().rev() {
+        *d = digit(n);
+        n /= 10;
+    }
+    out.extend(&digits[..width]);
+}
+
+/// `%Y-%m-%d`, by hand: it is written for every row of a source, and
+/// chrono's formatter parses its format string and goes through `fmt`
+/// each time. Years chrono writes with a sign (before 0, after 9999) are
+/// left to chrono.
+fn push_date(d: NaiveDate, out: &mut String) {
+    let Ok(year @ 0..=9999) = u32::try_from(d.year()) else {
+        out.push_str(&d.format("%Y-%m-%d").to_string());
+        return;
+    };
+    push_two(year / 100, out);
+    push_two(year % 100, out);
+    out.push('-');
+    push_two(d.month(), out);
+    out.push('-');
+    push_two(d.day(), out);
+}
+
+/// `%H:%M:%S%.f`: the fraction in 0, 3, 6 or 9 digits, as few as the
+/// value needs (chrono's `%.f` and `SecondsFormat::AutoSi`). A leap
+/// second is left to chrono.
+fn push_clock(t: NaiveTime, out: &mut String) {
+    let nano = t.nanosecond();
+    if nano >= 1_000_000_000 {
+        out.push_str(&t.format("%H:%M:%S%.f").to_string());
+        return;
+    }
+    push_two(t.hour(), out);
+    out.push(':');
+    push_two(t.minute(), out);
+    out.push(':');
+    push_two(t.second(), out);
+    if nano == 0 {
+        return;
+    }
+    out.push('.');
+    match (nano % 1_000_000, nano % 1_000) {
+        (0, _) => push_padded(nano / 1_000_000, 3, out),
+        (_, 0) => push_padded(nano / 1_000, 6, out),
+        _ => push_padded(nano, 9, out),
+    }
+}
+
+/// `%Y-%m-%dT%H:%M:%S%.f`.
+fn push_naive(t: NaiveDateTime, out: &mut String) {
+    if !(0..=9999).contains(&t.year()) {
+        out.push_str(&t.format("%Y-%m-%dT%H:%M:%S%.f").to_string());
+        return;
+    }
+    push_date(t.date(), out);
+    out.push('T');
+    push_clock(t.time(), out);
+}
+
+/// RFC 3339 in UTC with `Z`, the fraction as [`push_clock`] writes it
+/// (chrono's `to_rfc3339_opts(SecondsFormat::AutoSi, true)`).
+fn push_instant(t: &DateTime<Utc>, out: &mut String) {
+    let naive = t.naive_utc();
+    if !(0..=9999).contains(&naive.year()) || naive.nanosecond() >= 1_000_000_000 {
+        out.push_str(&t.to_rfc3339_opts(SecondsFormat::AutoSi, true));
+        return;
+    }
+    push_naive(naive, out);
+    out.push('Z');
 }
 
 fn parse_time(text: &str) -> Option<Cell> {
@@ -208,6 +320,124 @@ mod tests {
             let mut text = String::new();
             absent.push_text(&mut text);
             assert_eq!(text, "", "{absent:?}");
+        }
+    }
+
+    /// The hand-written date and time text is chrono's, to the byte: a
+    /// sweep over leap years, month ends, every fraction width and the
+    /// years chrono writes with a sign.
+    #[test]
+    fn hand_written_times_are_chronos() {
+        let dates = [
+            (0, 1, 1),
+            (1, 12, 31),
+            (999, 3, 4),
+            (1900, 2, 28),
+            (1970, 1, 1),
+            (2000, 2, 29),
+            (2024, 2, 29),
+            (2026, 3, 29),
+            (2026, 10, 25),
+            (2100, 3, 1),
+            (9999, 12, 31),
+            (-1, 6, 15),
+            (10000, 1, 1),
+            (-44, 3, 15),
+        ];
+        let nanos = [
+            0,
+            1,
+            999,
+            1_000,
+            120_000,
+            123_456,
+            1_000_000,
+            5_000_000,
+            100_000_000,
+            123_456_789,
+            999_999_999,
+            // A leap second.
+            1_500_000_000,
+        ];
+        let clocks = [(0, 0, 0), (1, 30, 5), (9, 5, 9), (12, 0, 59), (23, 59, 59)];
+        let mut text = String::new();
+        let mut checked = 0;
+        for (y, m, d) in dates {
+            let date = NaiveDate::from_ymd_opt(y, m, d).unwrap();
+            text.clear();
+            Cell::Date(date).push_text(&mut text);
+            assert_eq!(text, date.format("%Y-%m-%d").to_string());
+            for (h, mi, s) in clocks {
+                for nano in nanos {
+                    let Some(t) = date.and_hms_nano_opt(h, mi, s, nano) else {
+                        continue;
+                    };
+                    text.clear();
+                    Cell::Timestamp(t).push_text(&mut text);
+                    assert_eq!(text, t.format("%Y-%m-%dT%H:%M:%S%.f").to_string());
+                    let instant = Utc.from_utc_datetime(&t);
+                    text.clear();
+                    Cell::Timestamptz(instant).push_text(&mut text);
+                    assert_eq!(
+                        text,
+                        instant.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+                        "{t:?}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 700, "{checked}");
+        // Every microsecond width of a day's first second, and a walk over
+        // four years of days (leap days included) at odd times.
+        let start = NaiveDate::from_ymd_opt(2023, 1, 1).unwrap();
+        for step in 0..1_500u32 {
+            let t = start.and_hms_micro_opt(0, 0, 0, 0).unwrap()
+                + chrono::Duration::seconds(i64::from(step) * 86_400 + i64::from(step) * 37)
+                + chrono::Duration::microseconds(i64::from(step) * 7_919 % 1_000_000);
+            text.clear();
+            Cell::Timestamp(t).push_text(&mut text);
+            assert_eq!(text, t.format("%Y-%m-%dT%H:%M:%S%.f").to_string());
+        }
+    }
+
+    /// The borrowed time text is what the cell's own conversion says,
+    /// in zones east and west of UTC (negative offsets) and across DST.
+    #[test]
+    fn time_text_is_into_time_then_text() {
+        let zones: [Tz; 4] = [
+            "UTC".parse().unwrap(),
+            "Europe/Berlin".parse().unwrap(),
+            "America/New_York".parse().unwrap(),
+            "America/St_Johns".parse().unwrap(),
+        ];
+        let base = NaiveDate::from_ymd_opt(2026, 3, 8)
+            .unwrap()
+            .and_hms_micro_opt(0, 15, 0, 250)
+            .unwrap();
+        let mut cells = Vec::new();
+        for hour in 0..60 {
+            let t = base + chrono::Duration::minutes(hour * 47);
+            cells.push(Cell::Timestamp(t));
+            cells.push(Cell::Timestamptz(Utc.from_utc_datetime(&t)));
+            cells.push(Cell::Text(t.format("%Y-%m-%d %H:%M:%S%.f").to_string()));
+            cells.push(Cell::Text(format!(
+                "{}-03:30",
+                t.format("%Y-%m-%dT%H:%M:%S")
+            )));
+        }
+        cells.extend([Cell::Text("soon".into()), Cell::Null, Cell::Int(3)]);
+        let mut text = String::new();
+        for tz in zones {
+            for kind in [TimeKind::Instant, TimeKind::WallClock] {
+                for cell in &cells {
+                    let mut expected = String::new();
+                    cell.clone().into_time(kind, tz).push_text(&mut expected);
+                    text.clear();
+                    cell.push_time_text(kind, tz, &mut text);
+                    assert_eq!(text, expected, "{cell:?} {kind:?} {tz}");
+                }
+            }
         }
     }
 

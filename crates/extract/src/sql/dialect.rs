@@ -6,11 +6,10 @@
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use futures_util::stream::{BoxStream, StreamExt};
-use rust_decimal::Decimal;
 use sqlx::mysql::{
     MySql, MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow,
 };
@@ -81,11 +80,108 @@ impl Failure {
     }
 }
 
-/// A row of cells and the result's column names (shared by every row of
-/// a statement).
+/// A row of cells.
 pub(crate) struct SqlRow {
-    pub(crate) columns: std::sync::Arc<[String]>,
     pub(crate) cells: Vec<Cell>,
+}
+
+/// A row as the driver gave it, not yet decoded: a [`Layout`] reads it.
+pub(crate) enum RawRow {
+    Postgres(PgRow),
+    MySql(MySqlRow),
+    Sqlite(SqliteRow),
+}
+
+/// How each column of a result is decoded, decided once from a row of it
+/// (PostgreSQL and MySQL type columns, so the type's name is looked at
+/// once per column, never per cell) and kept for every row of the same
+/// query, chunk after chunk.
+pub(crate) struct Layout {
+    /// The result's column names.
+    pub(crate) columns: Arc<[String]>,
+    decoders: Vec<Decoder>,
+}
+
+/// What a column's values are read as.
+#[derive(Debug, Clone, PartialEq)]
+enum Decoder {
+    Bool,
+    I16,
+    I32,
+    I64,
+    /// MySQL's unsigned integers, refused past `i64::MAX`.
+    U64,
+    F32,
+    F64,
+    Decimal,
+    Text,
+    /// MySQL's binary strings: UTF-8 is text (see [`mysql_decoder`]).
+    Bytes,
+    Date,
+    Timestamp,
+    Timestamptz,
+    Json,
+    /// SQLite: each value by its own storage class.
+    ByValue,
+    /// A type tidemark does not read: the message its first value gets.
+    Unreadable(String),
+}
+
+impl Layout {
+    /// The layout of `row`'s result.
+    pub(crate) fn new(row: &RawRow) -> Layout {
+        fn names<R: Row>(row: &R) -> Arc<[String]> {
+            row.columns().iter().map(|c| c.name().to_string()).collect()
+        }
+        let (columns, decoders) = match row {
+            RawRow::Postgres(row) => (
+                names(row),
+                row.columns()
+                    .iter()
+                    .map(|c| pg_decoder(c.name(), c.type_info().name()))
+                    .collect(),
+            ),
+            RawRow::MySql(row) => (
+                names(row),
+                row.columns()
+                    .iter()
+                    .map(|c| mysql_decoder(c.name(), c.type_info().name()))
+                    .collect(),
+            ),
+            RawRow::Sqlite(row) => (names(row), vec![Decoder::ByValue; row.len()]),
+        };
+        Layout { columns, decoders }
+    }
+
+    /// Decodes `row` into `cells`, one per column, reusing the text
+    /// buffers a previous row left there.
+    pub(crate) fn decode(&self, row: &RawRow, cells: &mut Vec<Cell>) -> Result<(), Failure> {
+        let len = match row {
+            RawRow::Postgres(r) => r.len(),
+            RawRow::MySql(r) => r.len(),
+            RawRow::Sqlite(r) => r.len(),
+        };
+        if len != self.decoders.len() {
+            return Err(Failure::new(
+                FailureKind::Drift,
+                format!(
+                    "the result's columns changed mid-period: {len} columns, not the {} of {}",
+                    self.decoders.len(),
+                    self.columns.join(", ")
+                ),
+            ));
+        }
+        cells.resize(len, Cell::Null);
+        let columns = self.columns.iter().zip(&self.decoders);
+        for (i, ((column, decoder), slot)) in columns.zip(cells.iter_mut()).enumerate() {
+            match row {
+                RawRow::Postgres(row) => decode_pg(row, i, column, decoder, slot)?,
+                RawRow::MySql(row) => decode_mysql(row, i, column, decoder, slot)?,
+                RawRow::Sqlite(row) => decode_sqlite(row, i, column, slot)?,
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How long an acquire waits for a connection before asking the server
@@ -346,12 +442,31 @@ impl Db {
     }
 
     /// The rows of `sql` with `binds`, decoded, as the database streams
-    /// them.
+    /// them (a layout per statement: for short results).
     pub(crate) fn fetch<'a>(
         &'a mut self,
         sql: &'a str,
         binds: &'a [Cell],
     ) -> BoxStream<'a, Result<SqlRow, Failure>> {
+        let mut layout: Option<Layout> = None;
+        self.fetch_raw(sql, binds)
+            .map(move |row| {
+                let row = row?;
+                let layout = layout.get_or_insert_with(|| Layout::new(&row));
+                let mut cells = Vec::new();
+                layout.decode(&row, &mut cells)?;
+                Ok(SqlRow { cells })
+            })
+            .boxed()
+    }
+
+    /// The rows of `sql` with `binds` as the database streams them, for
+    /// the caller to decode with a [`Layout`] it keeps.
+    pub(crate) fn fetch_raw<'a>(
+        &'a mut self,
+        sql: &'a str,
+        binds: &'a [Cell],
+    ) -> BoxStream<'a, Result<RawRow, Failure>> {
         let dialect = self.dialect();
         // SQLite has no decimal type: it gets text.
         macro_rules! decimal {
@@ -363,7 +478,7 @@ impl Db {
             };
         }
         macro_rules! bound {
-            ($conn:expr, $decode:path, $decimal:tt) => {{
+            ($conn:expr, $raw:path, $decimal:tt) => {{
                 let mut query = sqlx::query(sql);
                 for cell in binds {
                     query = match cell {
@@ -379,28 +494,16 @@ impl Db {
                         Cell::Json(v) => query.bind(v.to_string()),
                     };
                 }
-                let mut columns: Option<std::sync::Arc<[String]>> = None;
                 query
                     .fetch(&mut **$conn)
-                    .map(move |row| {
-                        let row = row.map_err(|e| classify(dialect, e))?;
-                        let columns = columns
-                            .get_or_insert_with(|| {
-                                row.columns().iter().map(|c| c.name().to_string()).collect()
-                            })
-                            .clone();
-                        let cells = (0..columns.len())
-                            .map(|i| $decode(&row, i))
-                            .collect::<Result<Vec<Cell>, Failure>>()?;
-                        Ok(SqlRow { columns, cells })
-                    })
+                    .map(move |row| row.map($raw).map_err(|e| classify(dialect, e)))
                     .boxed()
             }};
         }
         match &mut self.conn {
-            Conn::Postgres(c) => bound!(c, decode_pg, native),
-            Conn::MySql(c) => bound!(c, decode_mysql, native),
-            Conn::Sqlite(c) => bound!(c, decode_sqlite, text),
+            Conn::Postgres(c) => bound!(c, RawRow::Postgres, native),
+            Conn::MySql(c) => bound!(c, RawRow::MySql, native),
+            Conn::Sqlite(c) => bound!(c, RawRow::Sqlite, text),
         }
     }
 }
@@ -415,15 +518,86 @@ pub(crate) enum Dialect {
     Unknown,
 }
 
+/// The decoder of a PostgreSQL column of type `ty`.
+fn pg_decoder(column: &str, ty: &str) -> Decoder {
+    match ty {
+        "BOOL" => Decoder::Bool,
+        "INT2" => Decoder::I16,
+        "INT4" => Decoder::I32,
+        "INT8" => Decoder::I64,
+        "FLOAT4" => Decoder::F32,
+        "FLOAT8" => Decoder::F64,
+        "NUMERIC" => Decoder::Decimal,
+        "TEXT" | "VARCHAR" | "BPCHAR" | "CHAR" | "NAME" => Decoder::Text,
+        "DATE" => Decoder::Date,
+        "TIMESTAMP" => Decoder::Timestamp,
+        "TIMESTAMPTZ" => Decoder::Timestamptz,
+        "JSON" | "JSONB" => Decoder::Json,
+        _ => Decoder::Unreadable(unreadable(column, ty, &format!("{column}::text"))),
+    }
+}
+
+/// The decoder of a MySQL/MariaDB column of type `ty`.
+fn mysql_decoder(column: &str, ty: &str) -> Decoder {
+    match ty {
+        "BOOLEAN" => Decoder::Bool,
+        "TINYINT" | "SMALLINT" | "INT" | "MEDIUMINT" | "BIGINT" | "YEAR" => Decoder::I64,
+        "TINYINT UNSIGNED" | "SMALLINT UNSIGNED" | "INT UNSIGNED" | "MEDIUMINT UNSIGNED"
+        | "BIGINT UNSIGNED" => Decoder::U64,
+        "FLOAT" => Decoder::F32,
+        "DOUBLE" => Decoder::F64,
+        "DECIMAL" => Decoder::Decimal,
+        "DATE" => Decoder::Date,
+        "DATETIME" => Decoder::Timestamp,
+        "TIMESTAMP" => Decoder::Timestamptz,
+        "JSON" => Decoder::Json,
+        "VARCHAR" | "CHAR" | "TEXT" | "TINYTEXT" | "MEDIUMTEXT" | "LONGTEXT" | "ENUM" | "SET" => {
+            Decoder::Text
+        }
+        // Text with a binary collation (MariaDB's JSON is LONGTEXT with
+        // utf8mb4_bin) carries the same BINARY flag as bytes, and sqlx does
+        // not expose the character set that tells them apart: UTF-8 is read
+        // as text, anything else is bytes.
+        "BINARY" | "VARBINARY" | "TINYBLOB" | "BLOB" | "MEDIUMBLOB" | "LONGBLOB" => Decoder::Bytes,
+        _ => Decoder::Unreadable(unreadable(column, ty, &format!("CAST({column} AS CHAR)"))),
+    }
+}
+
 /// A value of a type tidemark does not read.
-fn unreadable(column: &str, ty: &str, cast: &str) -> Failure {
-    Failure::new(
-        FailureKind::Drift,
-        format!(
-            "column `{column}` has type {ty}, which tidemark does not read (bytes and other \
-             types have no [fields] type); cast it in the query, e.g. `{cast}`"
-        ),
+fn unreadable(column: &str, ty: &str, cast: &str) -> String {
+    format!(
+        "column `{column}` has type {ty}, which tidemark does not read (bytes and other \
+         types have no [fields] type); cast it in the query, e.g. `{cast}`"
     )
+}
+
+/// `value` into `slot`.
+fn put<T>(
+    slot: &mut Cell,
+    column: &str,
+    value: Result<Option<T>, sqlx::Error>,
+    cell: fn(T) -> Cell,
+) -> Result<(), Failure> {
+    *slot = decoded(column, value, cell)?;
+    Ok(())
+}
+
+/// Text into `slot`, into the buffer the slot's previous text left when
+/// there is one: no allocation per cell once the first rows are read.
+fn put_text(
+    slot: &mut Cell,
+    column: &str,
+    value: Result<Option<&str>, sqlx::Error>,
+) -> Result<(), Failure> {
+    match (value, &mut *slot) {
+        (Ok(Some(text)), Cell::Text(buffer)) => {
+            buffer.clear();
+            buffer.push_str(text);
+        }
+        (Ok(Some(text)), _) => *slot = Cell::Text(text.to_owned()),
+        (other, _) => put(slot, column, other.map(|_| None::<String>), Cell::Text)?,
+    }
+    Ok(())
 }
 
 fn decoded<T>(
@@ -441,110 +615,116 @@ fn decoded<T>(
     }
 }
 
-fn decode_pg(row: &PgRow, i: usize) -> Result<Cell, Failure> {
-    let column = row.columns()[i].name();
-    let ty = row.columns()[i].type_info().name().to_string();
-    match ty.as_str() {
-        "BOOL" => decoded(column, row.try_get(i), Cell::Bool),
-        "INT2" => decoded(column, row.try_get::<Option<i16>, _>(i), |v| {
+/// A decoder made for another database's rows: never, as a layout is
+/// made from the rows it reads.
+fn foreign(column: &str, decoder: &Decoder) -> Failure {
+    Failure::new(
+        FailureKind::Permanent,
+        format!("column `{column}`: no {decoder:?} decoder for this database"),
+    )
+}
+
+fn decode_pg(
+    row: &PgRow,
+    i: usize,
+    column: &str,
+    decoder: &Decoder,
+    slot: &mut Cell,
+) -> Result<(), Failure> {
+    match decoder {
+        Decoder::Bool => put(slot, column, row.try_get(i), Cell::Bool),
+        Decoder::I16 => put(slot, column, row.try_get::<Option<i16>, _>(i), |v| {
             Cell::Int(v.into())
         }),
-        "INT4" => decoded(column, row.try_get::<Option<i32>, _>(i), |v| {
+        Decoder::I32 => put(slot, column, row.try_get::<Option<i32>, _>(i), |v| {
             Cell::Int(v.into())
         }),
-        "INT8" => decoded(column, row.try_get(i), Cell::Int),
-        "FLOAT4" => decoded(column, row.try_get::<Option<f32>, _>(i), |v| {
+        Decoder::I64 => put(slot, column, row.try_get(i), Cell::Int),
+        Decoder::F32 => put(slot, column, row.try_get::<Option<f32>, _>(i), |v| {
             Cell::Float(v.into())
         }),
-        "FLOAT8" => decoded(column, row.try_get(i), Cell::Float),
-        "NUMERIC" => decoded(column, row.try_get::<Option<Decimal>, _>(i), Cell::Decimal),
-        "TEXT" | "VARCHAR" | "BPCHAR" | "CHAR" | "NAME" => {
-            decoded(column, row.try_get(i), Cell::Text)
-        }
-        "DATE" => decoded(column, row.try_get::<Option<NaiveDate>, _>(i), Cell::Date),
-        "TIMESTAMP" => decoded(
-            column,
-            row.try_get::<Option<NaiveDateTime>, _>(i),
-            Cell::Timestamp,
-        ),
-        "TIMESTAMPTZ" => decoded(
-            column,
-            row.try_get::<Option<DateTime<Utc>>, _>(i),
-            Cell::Timestamptz,
-        ),
-        "JSON" | "JSONB" => decoded(column, row.try_get(i), Cell::Json),
-        _ => Err(unreadable(column, &ty, &format!("{column}::text"))),
+        Decoder::F64 => put(slot, column, row.try_get(i), Cell::Float),
+        Decoder::Decimal => put(slot, column, row.try_get(i), Cell::Decimal),
+        Decoder::Text => put_text(slot, column, row.try_get(i)),
+        Decoder::Date => put(slot, column, row.try_get(i), Cell::Date),
+        Decoder::Timestamp => put(slot, column, row.try_get(i), Cell::Timestamp),
+        Decoder::Timestamptz => put(slot, column, row.try_get(i), Cell::Timestamptz),
+        Decoder::Json => put(slot, column, row.try_get(i), Cell::Json),
+        Decoder::Unreadable(message) => Err(Failure::new(FailureKind::Drift, message.clone())),
+        Decoder::U64 | Decoder::Bytes | Decoder::ByValue => Err(foreign(column, decoder)),
     }
 }
 
-fn decode_mysql(row: &MySqlRow, i: usize) -> Result<Cell, Failure> {
-    let column = row.columns()[i].name();
-    let ty = row.columns()[i].type_info().name().to_string();
-    match ty.as_str() {
-        "BOOLEAN" => decoded(column, row.try_get(i), Cell::Bool),
-        "TINYINT" | "SMALLINT" | "INT" | "MEDIUMINT" | "BIGINT" | "YEAR" => {
-            decoded(column, row.try_get(i), Cell::Int)
-        }
-        "TINYINT UNSIGNED" | "SMALLINT UNSIGNED" | "INT UNSIGNED" | "MEDIUMINT UNSIGNED"
-        | "BIGINT UNSIGNED" => match row.try_get::<Option<u64>, _>(i) {
-            Ok(Some(v)) => i64::try_from(v).map(Cell::Int).map_err(|_| {
-                Failure::new(
-                    FailureKind::Drift,
-                    format!("column `{column}`: {v} does not fit a 64-bit signed int"),
-                )
-            }),
-            other => decoded(column, other.map(|_| None), Cell::Int),
+fn decode_mysql(
+    row: &MySqlRow,
+    i: usize,
+    column: &str,
+    decoder: &Decoder,
+    slot: &mut Cell,
+) -> Result<(), Failure> {
+    match decoder {
+        Decoder::Bool => put(slot, column, row.try_get(i), Cell::Bool),
+        Decoder::I64 => put(slot, column, row.try_get(i), Cell::Int),
+        Decoder::U64 => match row.try_get::<Option<u64>, _>(i) {
+            Ok(Some(v)) => {
+                *slot = i64::try_from(v).map(Cell::Int).map_err(|_| {
+                    Failure::new(
+                        FailureKind::Drift,
+                        format!("column `{column}`: {v} does not fit a 64-bit signed int"),
+                    )
+                })?;
+                Ok(())
+            }
+            other => put(slot, column, other.map(|_| None), Cell::Int),
         },
-        "FLOAT" => decoded(column, row.try_get::<Option<f32>, _>(i), |v| {
+        Decoder::F32 => put(slot, column, row.try_get::<Option<f32>, _>(i), |v| {
             Cell::Float(v.into())
         }),
-        "DOUBLE" => decoded(column, row.try_get(i), Cell::Float),
-        "DECIMAL" => decoded(column, row.try_get::<Option<Decimal>, _>(i), Cell::Decimal),
-        "DATE" => decoded(column, row.try_get::<Option<NaiveDate>, _>(i), Cell::Date),
-        "DATETIME" => decoded(
-            column,
-            row.try_get::<Option<NaiveDateTime>, _>(i),
-            Cell::Timestamp,
-        ),
-        "TIMESTAMP" => decoded(
-            column,
-            row.try_get::<Option<DateTime<Utc>>, _>(i),
-            Cell::Timestamptz,
-        ),
-        "JSON" => decoded(column, row.try_get(i), Cell::Json),
-        "VARCHAR" | "CHAR" | "TEXT" | "TINYTEXT" | "MEDIUMTEXT" | "LONGTEXT" | "ENUM" | "SET" => {
-            decoded(column, row.try_get(i), Cell::Text)
-        }
-        // Text with a binary collation (MariaDB's JSON is LONGTEXT with
-        // utf8mb4_bin) carries the same BINARY flag as bytes, and sqlx does
-        // not expose the character set that tells them apart: UTF-8 is read
-        // as text, anything else is bytes.
-        "BINARY" | "VARBINARY" | "TINYBLOB" | "BLOB" | "MEDIUMBLOB" | "LONGBLOB" => {
-            match row.try_get::<Option<Vec<u8>>, _>(i) {
-                Ok(Some(bytes)) => String::from_utf8(bytes)
-                    .map(Cell::Text)
-                    .map_err(|_| unreadable(column, &ty, &format!("HEX({column})"))),
-                other => decoded(column, other.map(|_| None), Cell::Text),
-            }
-        }
-        _ => Err(unreadable(column, &ty, &format!("CAST({column} AS CHAR)"))),
+        Decoder::F64 => put(slot, column, row.try_get(i), Cell::Float),
+        Decoder::Decimal => put(slot, column, row.try_get(i), Cell::Decimal),
+        Decoder::Date => put(slot, column, row.try_get(i), Cell::Date),
+        Decoder::Timestamp => put(slot, column, row.try_get(i), Cell::Timestamp),
+        Decoder::Timestamptz => put(slot, column, row.try_get(i), Cell::Timestamptz),
+        Decoder::Json => put(slot, column, row.try_get(i), Cell::Json),
+        Decoder::Text => put_text(slot, column, row.try_get(i)),
+        Decoder::Bytes => match row.try_get::<Option<&[u8]>, _>(i) {
+            Ok(Some(bytes)) => match std::str::from_utf8(bytes) {
+                Ok(text) => put_text(slot, column, Ok(Some(text))),
+                Err(_) => Err(Failure::new(
+                    FailureKind::Drift,
+                    unreadable(
+                        column,
+                        row.columns()[i].type_info().name(),
+                        &format!("HEX({column})"),
+                    ),
+                )),
+            },
+            other => put_text(slot, column, other.map(|_| None)),
+        },
+        Decoder::Unreadable(message) => Err(Failure::new(FailureKind::Drift, message.clone())),
+        Decoder::I16 | Decoder::I32 | Decoder::ByValue => Err(foreign(column, decoder)),
     }
 }
 
 /// SQLite types values, not columns: each value is read by its own
 /// storage class.
-fn decode_sqlite(row: &SqliteRow, i: usize) -> Result<Cell, Failure> {
-    let column = row.columns()[i].name();
-    let ty = match row.try_get_raw(i) {
-        Ok(raw) if raw.is_null() => return Ok(Cell::Null),
-        Ok(raw) => raw.type_info().name().to_string(),
-        Err(e) => return decoded::<i64>(column, Err(e), Cell::Int),
+fn decode_sqlite(row: &SqliteRow, i: usize, column: &str, slot: &mut Cell) -> Result<(), Failure> {
+    let raw = match row.try_get_raw(i) {
+        Ok(raw) if raw.is_null() => {
+            *slot = Cell::Null;
+            return Ok(());
+        }
+        Ok(raw) => raw,
+        Err(e) => return put::<i64>(slot, column, Err(e), Cell::Int),
     };
-    match ty.as_str() {
-        "INTEGER" => decoded(column, row.try_get(i), Cell::Int),
-        "REAL" => decoded(column, row.try_get(i), Cell::Float),
-        "TEXT" => decoded(column, row.try_get(i), Cell::Text),
-        _ => Err(unreadable(column, &ty, &format!("CAST({column} AS TEXT)"))),
+    match raw.type_info().name() {
+        "INTEGER" => put(slot, column, row.try_get(i), Cell::Int),
+        "REAL" => put(slot, column, row.try_get(i), Cell::Float),
+        "TEXT" => put_text(slot, column, row.try_get(i)),
+        ty => Err(Failure::new(
+            FailureKind::Drift,
+            unreadable(column, ty, &format!("CAST({column} AS TEXT)")),
+        )),
     }
 }
 
