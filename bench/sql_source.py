@@ -39,7 +39,8 @@ import time
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release", "tidemark")
+# TIDEMARK_BENCH_BIN compares another build on the same data.
+BIN = os.environ.get("TIDEMARK_BENCH_BIN") or os.path.join(ROOT, "target", "release", "tidemark")
 PG_URL = os.environ.get("TIDEMARK_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 DAYS = 20
 FIRST_DAY = "2026-01-01"
