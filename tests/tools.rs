@@ -1,6 +1,7 @@
 //! `tidemark completions` and `tidemark schema` (issue 21, the toolbox),
 //! run as the built binary, and the shipped alert rules `deploy/alerts.yml`
-//! under `promtool`. No database: each test runs in seconds.
+//! under `promtool`, and the allocator options the binary carries. No
+//! database: each test runs in seconds.
 //!
 //! The schema tests hold it to two promises: it accepts every pipeline the
 //! project ships (and every file whose only fault is one the schema cannot
@@ -732,6 +733,30 @@ fn the_alert_rules_pass_their_promtool_unit_tests() {
         assert!(
             tested.contains(&alert),
             "{ALERT_TESTS} has no test of {alert} (tested: {tested:?})"
+        );
+    }
+}
+
+/// The binary hands jemalloc its decay settings (crates/cli/main.rs): freed
+/// pages go back to the kernel after 1 s, not 10 s. jemalloc itself says
+/// which options it read when asked to confirm them; a renamed symbol or a
+/// changed allocator would silently drop them, so this reads them back.
+#[test]
+fn the_binary_gives_jemalloc_its_decay_settings() {
+    let out = Command::new(BIN)
+        .arg("--version")
+        .env("_RJEM_MALLOC_CONF", "confirm_conf:true")
+        .output()
+        .expect("run tidemark");
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    for set in [
+        "Set conf value: dirty_decay_ms:1000",
+        "Set conf value: muzzy_decay_ms:0",
+    ] {
+        assert!(
+            said.contains(set),
+            "jemalloc did not confirm `{set}`:\n{said}"
         );
     }
 }
