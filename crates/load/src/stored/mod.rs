@@ -383,14 +383,26 @@ mod tests {
         let mut memory = build(u64::MAX, n, |_| false);
         let mut file = build(3000, n, |_| false);
         assert!(file.spilled());
+        agree_on(&mut memory, &mut file, n, order);
+        file
+    }
+
+    /// Looks `order` up in both and checks they agree, each stored key
+    /// (below `n`) found with its hash; what each answered, for marking.
+    fn agree_on(
+        memory: &mut StoredHashes,
+        other: &mut StoredHashes,
+        n: u128,
+        order: &[u128],
+    ) -> (Vec<Option<Found>>, Vec<Option<Found>>) {
         let keys: Vec<Hash128> = order.iter().map(|&i| spread(i)).collect();
         let a = memory.find_all(&keys).unwrap();
-        let b = file.find_all(&keys).unwrap();
+        let b = other.find_all(&keys).unwrap();
         for ((&i, a), b) in order.iter().zip(&a).zip(&b) {
             assert_eq!(a.map(|f| f.row_hash), b.map(|f| f.row_hash), "key {i}");
             assert_eq!(b.and_then(|f| f.row_hash), (i < n).then_some(Hash128(i)));
         }
-        file
+        (a, b)
     }
 
     fn sorted_built(stored: &StoredHashes) -> bool {
@@ -493,13 +505,7 @@ mod tests {
             let mut streamed = streamed(scan_of(n, 1000, false), 3000).unwrap();
             assert!(streamed.spilled());
             for batch in order.chunks(700) {
-                let keys: Vec<Hash128> = batch.iter().map(|&i| spread(i)).collect();
-                let a = memory.find_all(&keys).unwrap();
-                let b = streamed.find_all(&keys).unwrap();
-                for ((&i, a), b) in batch.iter().zip(&a).zip(&b) {
-                    assert_eq!(a.map(|f| f.row_hash), b.map(|f| f.row_hash), "key {i}");
-                    assert_eq!(b.and_then(|f| f.row_hash), (i < n).then_some(Hash128(i)));
-                }
+                let (a, b) = agree_on(&mut memory, &mut streamed, n, batch);
                 for (a, b) in a.iter().zip(&b) {
                     if let (Some(a), Some(b)) = (a, b) {
                         memory.saw(a.position, Hash128(1), false);

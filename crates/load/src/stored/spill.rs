@@ -148,19 +148,11 @@ impl Writer {
             .into_inner()
             .map_err(|e| io_error("writing", e.into_error()))?;
         Ok(Spilled {
-            file,
             written: vec![0; self.seen.len()],
             seen: self.seen,
             len: self.len,
             unseen: self.unseen,
-            window: Vec::new(),
-            window_start: 0,
-            next: 0,
-            sorted: None,
-            budget,
-            unseen_keys: None,
-            incoming: None,
-            failed: None,
+            ..Spilled::empty(file, budget)
         })
     }
 }
@@ -194,13 +186,11 @@ pub(crate) struct Spilled {
 }
 
 impl Spilled {
-    /// An empty file that `incoming` fills as a scan on another thread
-    /// reads the stored rows (none of them written by this run: a resumed
-    /// attempt scans before it compares). Lookups at the cursor wait only
-    /// for the positions they need; see the module's documentation.
-    pub(crate) fn streaming(incoming: Receiver<Scanned>, budget: u64) -> Result<Spilled, Error> {
-        Ok(Spilled {
-            file: new_file()?,
+    /// No entries yet, nothing read, nothing sorted: what both ways of
+    /// filling `file` start from.
+    fn empty(file: File, budget: u64) -> Spilled {
+        Spilled {
+            file,
             len: 0,
             seen: Vec::new(),
             written: Vec::new(),
@@ -211,8 +201,19 @@ impl Spilled {
             sorted: None,
             budget,
             unseen_keys: None,
-            incoming: Some(Mutex::new(incoming)),
+            incoming: None,
             failed: None,
+        }
+    }
+
+    /// An empty file that `incoming` fills as a scan on another thread
+    /// reads the stored rows (none of them written by this run: a resumed
+    /// attempt scans before it compares). Lookups at the cursor wait only
+    /// for the positions they need; see the module's documentation.
+    pub(crate) fn streaming(incoming: Receiver<Scanned>, budget: u64) -> Result<Spilled, Error> {
+        Ok(Spilled {
+            incoming: Some(Mutex::new(incoming)),
+            ..Spilled::empty(new_file()?, budget)
         })
     }
 
