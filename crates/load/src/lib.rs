@@ -718,6 +718,19 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// The current time as SQLite stores it: RFC 3339, UTC, milliseconds.
+/// Runs synchronous work (a SQLite statement, a wait for the stored-row
+/// scan) without stalling the other tasks of a multi-threaded runtime (the
+/// heartbeat, the reader one batch ahead).
+pub(crate) fn blocking<R>(work: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
+}
+
 pub(crate) fn now_text() -> String {
     timestamp_text(chrono::Utc::now())
 }

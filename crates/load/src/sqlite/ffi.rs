@@ -154,15 +154,3 @@ unsafe extern "C" fn on_wal_commit(
     }
     ffi::SQLITE_OK
 }
-
-/// Runs synchronous database work without stalling the other tasks of a
-/// multi-threaded runtime (the heartbeat, the reader one batch ahead).
-pub(super) fn blocking<R>(work: impl FnOnce() -> R) -> R {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(work)
-        }
-        _ => work(),
-    }
-}

@@ -22,8 +22,8 @@ use crate::schema::{
 use crate::stored::StoredHashes;
 use crate::writer::{Lineage, StoredRow, Write, WriteCounts};
 
-pub(super) use super::ffi::blocking;
 use super::ffi::BorrowingStatement;
+pub(super) use crate::blocking;
 
 /// Parameter numbers shared by the insert and update statements: `?1..?n`
 /// are the `[fields]` values, then the lineage columns in table order.

@@ -55,18 +55,6 @@ pub(crate) fn scan_stopped() -> Error {
     }
 }
 
-/// Waits on a multi-threaded runtime's worker without stalling its other
-/// tasks (the reader one batch ahead, the heartbeat).
-fn wait<R>(work: impl FnOnce() -> R) -> R {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(work)
-        }
-        _ => work(),
-    }
-}
-
 /// The stored hashes of a scan that runs on another thread and sends what
 /// it reads through `incoming`. A scan that ends within [`STREAM_AFTER`]
 /// rows (and the budget) is held in memory, as [`Builder`] holds a serial
@@ -77,7 +65,7 @@ pub(crate) fn streamed(incoming: Receiver<Scanned>, budget: u64) -> Result<Store
     let first_rows = usize::try_from(STREAM_AFTER.min(budget / MEMORY_ENTRY)).unwrap_or(0);
     let mut first = Vec::new();
     while first.len() < first_rows.max(1) {
-        match wait(|| incoming.recv().ok()) {
+        match crate::blocking(|| incoming.recv().ok()) {
             Some(Scanned::Rows(pairs)) => first.extend(pairs),
             Some(Scanned::End) => {
                 let mut builder = Builder::new(budget);

@@ -35,7 +35,7 @@ use std::sync::Mutex;
 
 use tidemark_core::{Error, Hash128, KeySet};
 
-use super::{scan_stopped, wait, Found, Scanned};
+use super::{scan_stopped, Found, Scanned};
 
 /// Entries per block of the sorted file: one `pread` per fallback lookup.
 const BLOCK: usize = 64;
@@ -252,7 +252,7 @@ impl Spilled {
             let message = match incoming.try_recv() {
                 Ok(message) => Some(message),
                 Err(TryRecvError::Empty) if self.len >= need => return Ok(()),
-                Err(TryRecvError::Empty) => wait(|| incoming.recv().ok()),
+                Err(TryRecvError::Empty) => crate::blocking(|| incoming.recv().ok()),
                 Err(TryRecvError::Disconnected) => None,
             };
             match message {
