@@ -12,7 +12,9 @@ this machine's disk, not tidemark's):
 
   pipe      `psql -c "\\copy (select ...) to stdout" | psql -c "\\copy orders from stdin"`
             into an empty table keyed like tidemark's (PostgreSQL), and the
-            same stream into `sqlite3 .import` (SQLite): the physical floor
+            same stream into `sqlite3 .import` (SQLite): the physical floor;
+            on PostgreSQL also into tidemark's table shape (its lineage
+            columns and run-key index), what the destination costs alone
   tidemark  `backfill` of the 20 days at default settings, then a forced
             re-sync of the unchanged source (rows written must be 0)
   sling     `sling run --mode incremental --primary-key id` (PyPI
@@ -199,11 +201,25 @@ def make_source(rows, days):
     return name, url
 
 
-def pipe_pg(source_url, rows):
+# tidemark's own table shape: the six lineage columns (NOT NULL, as it
+# creates them) and its index on the run key, filled by the source's SELECT
+# with what tidemark would write (the row hash as 32 hex digits, a run id of
+# 26 characters). The pipe into it shows what the destination's shape costs
+# on its own, apart from tidemark.
+SHAPED_PG_TABLE = (
+    "CREATE TABLE orders (id bigint, customer text, total numeric(12, 2), status text, created_at timestamptz, "
+    "note text, _tm_source text NOT NULL, _tm_export_type text NOT NULL, _tm_period_start timestamptz NOT NULL, "
+    "_tm_run_id text NOT NULL, _tm_row_hash text NOT NULL, _tm_loaded_at timestamptz NOT NULL, UNIQUE (id)); "
+    "CREATE INDEX orders_run_key ON orders (_tm_source, _tm_export_type, _tm_period_start)")
+SHAPED_COLUMNS = (COLUMNS + ", 'shop_db', 'orders_daily', date_trunc('day', created_at), "
+                  "'01JBENCHRUNID0000000000000', md5(id::text || customer || total::text), now()")
+
+
+def pipe_pg(source_url, rows, table=PIPE_PG_TABLE, columns=COLUMNS):
     name, url = fresh_pg("tm_pipebench")
     try:
-        psql(url, PIPE_PG_TABLE)
-        cmd = (f"psql '{source_url}' -qX -c \"\\copy (select {COLUMNS} from orders) to stdout\" | "
+        psql(url, table)
+        cmd = (f"psql '{source_url}' -qX -c \"\\copy (select {columns} from orders) to stdout\" | "
                f"psql '{url}' -qX -v ON_ERROR_STOP=1 -c \"\\copy orders from stdin\"")
         result = timed(cmd, shell=True)
         assert result and pg_count(url) == rows, "the pipe into PostgreSQL did not load every row"
@@ -365,6 +381,10 @@ def days_case(rows, backends, peers, work):
             print(f"  {'pipe (psql | ' + ('psql' if backend == 'postgres' else 'sqlite3') + ')':<34} {pipe:8.2f} s  "
                   f"{rows / pipe:>10,.0f} rows/s  1.00x pipe")
             first, first_rss, again, again_rss, written = tidemark_case(work, backend, source_url, rows, DAYS)
+            if backend == "postgres":
+                shaped = pipe_pg(source_url, rows, SHAPED_PG_TABLE, SHAPED_COLUMNS)
+                print(f"  {'pipe into tidemark table shape':<34} {shaped:8.2f} s  {rows / shaped:>10,.0f} rows/s  "
+                      f"{pipe / shaped:5.2f}x pipe  (tidemark's first load is {shaped / first:.2f}x as fast)")
             print(line("tidemark first load", first, first_rss, pipe, rows))
             print(line("tidemark unchanged re-sync", again, again_rss, pipe, rows)
                   + f"  wrote {written} rows, {first / again:.2f}x faster than the first load")
