@@ -17,7 +17,7 @@ const DAYS: i64 = 1_200;
 
 /// Rows of a day file: every period fits in one batch, the path that
 /// finishes a period (and claims the next) in one transaction.
-const ROWS: usize = 3;
+const ROWS: i64 = 3;
 
 /// `p`: daily UTC periods from 2020-01-01, one CSV file a day.
 fn tiny_days(env: &Env) {
@@ -108,7 +108,7 @@ async fn stopped_backfill_of_tiny_periods_leaves_no_key_leased(backend: Backend)
 
     let second = env.tidemark(&args);
     second.expect_code(0, "the second backfill");
-    let total = DAYS * ROWS as i64;
+    let total = DAYS * ROWS;
     assert_eq!(env.db.count("FROM p").await, total, "{second}");
     assert_eq!(
         env.db
