@@ -24,6 +24,7 @@ mod notices;
 mod observability;
 mod ownership;
 mod page;
+mod piggy_back;
 mod pooling;
 mod rate_limits;
 mod scheduler;

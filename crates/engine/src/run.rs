@@ -9,7 +9,7 @@ use tidemark_core::spec::DuplicateKeyPolicy;
 use tidemark_core::{Error, KeyMap, Origin, Pipeline, RetryPolicy, Row, RunKey};
 use tidemark_extract::Checkpoint;
 use tidemark_load::{
-    Claim, ClaimRequest, ClaimedRun, Counts, Lease, Reconcile, Reject, RunWriter, Store,
+    Claim, ClaimRequest, ClaimedRun, Counts, Lease, NextClaim, Reconcile, Reject, RunWriter, Store,
     TableSchema, WorkerId, WorkerKind, WriterOptions,
 };
 use tidemark_transform::Transformer;
@@ -202,6 +202,68 @@ pub(crate) fn claim_request(
     }
 }
 
+/// Where a worker's next job comes from, when one is ready at once.
+pub(crate) trait NextJob: Send + Sync {
+    /// The next job if it can be had without waiting (no page to plan, no
+    /// lock held by another worker), and the worker may start one.
+    fn ready(&self) -> Option<Job>;
+}
+
+/// A worker's next job, taken from its [`NextJob`] as the current period
+/// finishes, so that the transaction finishing it also claims the next key
+/// (the claim piggy-back, ADR 0022). The worker runs the job it took next,
+/// whatever its claim answered: a piggy-backed claim that did not commit
+/// claimed nothing, and the job is claimed on its own.
+pub(crate) struct Relay<'a> {
+    jobs: &'a dyn NextJob,
+    shutdown: Shutdown,
+    lease_ttl: Duration,
+    /// The job taken, and the answer of its piggy-backed claim once the
+    /// finishing transaction committed.
+    taken: Option<(Job, Option<Claim>)>,
+}
+
+impl<'a> Relay<'a> {
+    /// A relay taking jobs from `jobs`, for runs of `ctx`.
+    pub(crate) fn new(jobs: &'a dyn NextJob, ctx: &Context) -> Relay<'a> {
+        Relay {
+            jobs,
+            shutdown: ctx.shutdown.clone(),
+            lease_ttl: ctx.lease_ttl,
+            taken: None,
+        }
+    }
+
+    /// The claim the finishing transaction should carry: the next job's
+    /// (taken now if not yet), or none after a stop request, or when no
+    /// job is ready.
+    fn next_claim(&mut self) -> Option<NextClaim> {
+        if self.shutdown.requested() {
+            return None;
+        }
+        if self.taken.is_none() {
+            self.taken = self.jobs.ready().map(|job| (job, None));
+        }
+        let (job, _) = self.taken.as_ref()?;
+        Some(NextClaim {
+            key: job.key.clone(),
+            request: claim_request(&job.pipeline, &job.flags, &job.worker, self.lease_ttl),
+        })
+    }
+
+    /// The answer of the claim a committed finishing transaction carried.
+    fn claimed(&mut self, claim: Option<Claim>) {
+        if let Some((_, answer)) = &mut self.taken {
+            *answer = claim;
+        }
+    }
+
+    /// The job taken for next, with its claim if one was piggy-backed.
+    pub(crate) fn take(&mut self) -> Option<(Job, Option<Claim>)> {
+        self.taken.take()
+    }
+}
+
 /// Everything one run key needs.
 #[derive(Clone)]
 pub(crate) struct Job {
@@ -222,10 +284,28 @@ impl Job {
     /// Claims and runs the run key; every failure ends up in the outcome
     /// (and, once claimed, in the ledger).
     pub(crate) async fn run(self, ctx: &Context) -> Outcome {
+        self.run_relayed(ctx, None, None).await
+    }
+
+    /// [`Job::run`] for a worker of a queue of jobs: `claim` is what the
+    /// transaction that finished the worker's previous period answered for
+    /// this key (claimed or done: used as is; held: claimed again, which
+    /// also waits with `--wait`), and `relay`, when given, hands this
+    /// period's finishing transaction the worker's next claim.
+    pub(crate) async fn run_relayed(
+        self,
+        ctx: &Context,
+        claim: Option<Claim>,
+        relay: Option<&mut Relay<'_>>,
+    ) -> Outcome {
         if ctx.shutdown.requested() {
-            return Outcome::Stopped;
+            return self.give_back(claim, Outcome::Stopped).await;
         }
-        let run = match self.claim(ctx).await {
+        let claim = match claim {
+            Some(claim @ (Claim::Claimed(_) | Claim::Done(_))) => Ok(Some(claim)),
+            Some(Claim::Held { .. }) | None => self.claim(ctx).await,
+        };
+        let run = match claim {
             Ok(Some(Claim::Claimed(run))) => {
                 // A command that runs keys is a worker too: seen in the
                 // ledger while it runs (a no-op under `serve`).
@@ -237,12 +317,57 @@ impl Job {
             Ok(None) => return Outcome::Stopped,
             Err(e) => return Outcome::Failed(e),
         };
-        self.run_claimed(run, ctx).await
+        self.run_claimed_relayed(run, ctx, relay).await
+    }
+
+    /// A job its worker will not start (a stop request, or the command
+    /// stopped claiming work), reported as `not_started`: when the
+    /// previous period's transaction claimed it already, the claim is
+    /// handed back at once (the key goes back to `pending`, its attempt
+    /// `interrupted`, as after a signal) rather than left leased until its
+    /// lease runs out.
+    pub(crate) async fn give_back(&self, claim: Option<Claim>, not_started: Outcome) -> Outcome {
+        let Some(Claim::Claimed(run)) = claim else {
+            return not_started;
+        };
+        let why = "claimed with the worker's previous period but not started: the command stopped";
+        let counts = run.counts;
+        match self.release(&run.lease, &counts, why).await {
+            Ok(()) => {
+                tracing::info!(key = %self.key, "claimed but not started; key handed back to the queue");
+                not_started
+            }
+            Err(error) => {
+                tracing::error!(key = %self.key, error = %error, "could not hand the key back; its lease runs out instead");
+                Outcome::Failed(error)
+            }
+        }
+    }
+
+    /// Ends the attempt of `lease`, unfinished, handing the key back to
+    /// the queue (`interrupt`), with retries, despite a full disk.
+    async fn release(&self, lease: &Lease, counts: &Counts, why: &str) -> Result<(), Error> {
+        record_despite_full_storage(&self.store, || {
+            retry(&self.pipeline.retry, "hand the key back", || {
+                self.store.interrupt(lease, counts, why)
+            })
+        })
+        .await
     }
 
     /// Runs an attempt already claimed (by the work queue, or by [`Job::run`])
     /// inside a span naming its run key, run id and attempt.
     pub(crate) async fn run_claimed(&self, run: ClaimedRun, ctx: &Context) -> Outcome {
+        self.run_claimed_relayed(run, ctx, None).await
+    }
+
+    /// [`Job::run_claimed`], with the worker's relay (see [`Relay`]).
+    async fn run_claimed_relayed(
+        &self,
+        run: ClaimedRun,
+        ctx: &Context,
+        relay: Option<&mut Relay<'_>>,
+    ) -> Outcome {
         let span = tracing::info_span!(
             "run",
             pipeline = %self.key.pipeline,
@@ -252,7 +377,7 @@ impl Job {
             run_id = %run.lease.run_id,
             attempt = run.lease.attempt,
         );
-        self.attempt(run, ctx).instrument(span).await
+        self.attempt(run, ctx, relay).instrument(span).await
     }
 
     /// The claim, waiting for a held key with `--wait`; `None` when a stop
@@ -282,7 +407,12 @@ impl Job {
         }
     }
 
-    async fn attempt(&self, run: ClaimedRun, ctx: &Context) -> Outcome {
+    async fn attempt(
+        &self,
+        run: ClaimedRun,
+        ctx: &Context,
+        relay: Option<&mut Relay<'_>>,
+    ) -> Outcome {
         let lease = run.lease.clone();
         let resumed = run.resume.is_some();
         tracing::info!(resumed, "run started");
@@ -292,7 +422,7 @@ impl Job {
             batches: run.batches,
         };
         let result = {
-            let execute = self.execute(run, &mut tally, &ctx.shutdown);
+            let execute = self.execute(run, &mut tally, &ctx.shutdown, relay);
             tokio::pin!(execute);
             // The lease is first renewed a third of its length after the
             // claim: the renewing task starts only then, so a period done
@@ -350,13 +480,7 @@ impl Job {
         let counts = &summary.tally.counts;
         let why =
             "interrupted by a signal after its last committed batch; the next claim resumes it";
-        match record_despite_full_storage(&self.store, || {
-            retry(&self.pipeline.retry, "hand the key back", || {
-                self.store.interrupt(lease, counts, why)
-            })
-        })
-        .await
-        {
+        match self.release(lease, counts, why).await {
             Ok(()) => {
                 summary.interrupted();
                 Outcome::Interrupted
@@ -373,6 +497,7 @@ impl Job {
         mut run: ClaimedRun,
         tally: &mut Tally,
         shutdown: &Shutdown,
+        mut relay: Option<&mut Relay<'_>>,
     ) -> Result<Ended, Error> {
         let pipeline = &*self.pipeline;
         let schema = TableSchema::from_pipeline(pipeline);
@@ -455,7 +580,14 @@ impl Job {
                         .is_ok() =>
                     {
                         let last = (&rows[..], &rejects[..], batch.read, &batch.checkpoint);
-                        let result = finish_one(&mut writer, last, &reconcile, &mut backoff).await;
+                        let result = finish_one(
+                            &mut writer,
+                            last,
+                            &reconcile,
+                            &mut backoff,
+                            relay.as_deref_mut(),
+                        )
+                        .await;
                         tally.take(&writer);
                         return result.map(Ended::Done);
                     }
@@ -487,7 +619,7 @@ impl Job {
         let checked = self.check_complete(&mut writer, batches.expected(), 0);
         tally.take(&writer);
         checked?;
-        let result = finish(&mut writer, &reconcile, &mut backoff).await?;
+        let result = finish(&mut writer, &reconcile, &mut backoff, relay).await?;
         // The reconciliation's deletes are counted now.
         tally.take(&writer);
         Ok(Ended::Done(result))
@@ -640,33 +772,50 @@ impl Job {
     }
 }
 
+/// Reconciles and marks the run done, with retries; the transaction also
+/// claims the relay's next job (ADR 0022).
 async fn finish(
     writer: &mut RunWriter,
     reconcile: &Reconcile,
     backoff: &mut Backoff<'_>,
+    mut relay: Option<&mut Relay<'_>>,
 ) -> Result<serde_json::Value, Error> {
     loop {
-        match writer.finish(reconcile).await {
-            Ok(result) => return Ok(result),
+        let next = relay.as_mut().and_then(|r| r.next_claim());
+        match writer.finish_then_claim(reconcile, next.as_ref()).await {
+            Ok((result, claim)) => {
+                if let Some(relay) = relay {
+                    relay.claimed(claim);
+                }
+                return Ok(result);
+            }
             Err(e) if backoff.should_retry(&e, "finish run").await => continue,
             Err(e) => return Err(e),
         }
     }
 }
 
-/// Commits a period's only batch with its reconciliation, with retries.
+/// Commits a period's only batch with its reconciliation, with retries;
+/// the transaction also claims the relay's next job (ADR 0022).
 async fn finish_one(
     writer: &mut RunWriter,
-    (rows, rejects, read, checkpoint): (&[Row], &[Reject], u64, &Checkpoint),
+    last: (&[Row], &[Reject], u64, &Checkpoint),
     reconcile: &Reconcile,
     backoff: &mut Backoff<'_>,
+    mut relay: Option<&mut Relay<'_>>,
 ) -> Result<serde_json::Value, Error> {
     loop {
+        let next = relay.as_mut().and_then(|r| r.next_claim());
         match writer
-            .write_last_batch(rows, rejects, read, checkpoint, reconcile)
+            .write_last_batch_then_claim(last, reconcile, next.as_ref())
             .await
         {
-            Ok(result) => return Ok(result),
+            Ok((result, claim)) => {
+                if let Some(relay) = relay {
+                    relay.claimed(claim);
+                }
+                return Ok(result);
+            }
             Err(e) if backoff.should_retry(&e, "commit the period").await => continue,
             Err(e) => return Err(e),
         }

@@ -609,3 +609,163 @@ async fn queue_and_work(
     let start = format!("{label}T00:00:00Z");
     assert_eq!(work_all(service).await, [start]);
 }
+
+/// Asks the stop token this thread put in [`STOP_AT_DONE`] for a stop as
+/// a `run done` is logged: after the transaction that finished the period
+/// committed (and claimed the worker's next key with it), before the next
+/// run starts. Nothing else is recorded. The process's one global
+/// subscriber (a scoped one misses events whose callsites other tests'
+/// threads met first), acting only on the threads that ask for it.
+struct StopAtDone;
+
+thread_local! {
+    static STOP_AT_DONE: std::cell::RefCell<Option<Shutdown>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Sets [`StopAtDone`] as the global subscriber (once), and `shutdown` as
+/// this thread's token.
+fn stop_at_done(shutdown: Shutdown) {
+    static SET: std::sync::Once = std::sync::Once::new();
+    SET.call_once(|| {
+        tracing::subscriber::set_global_default(StopAtDone).expect("no other global subscriber");
+    });
+    STOP_AT_DONE.with(|stop| *stop.borrow_mut() = Some(shutdown));
+}
+
+impl tracing::Subscriber for StopAtDone {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        if message.0 == "run done" {
+            STOP_AT_DONE.with(|stop| {
+                if let Some(shutdown) = stop.borrow().as_ref() {
+                    shutdown.request();
+                }
+            });
+        }
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// The claim piggy-back's hand-back (ADR 0022): the transaction that
+/// finishes a worker's period claims its next key; a stop asked for right
+/// after that commit leaves the next key unstarted, and it is handed back
+/// at once (`pending`, lease released, attempt `interrupted`), never left
+/// leased. The keys after it are not claimed at all. Both ways a period
+/// finishes: its one batch with `done` (batch size 100), and the last of
+/// several batches, then `done` (batch size 1).
+#[tokio::test]
+async fn a_key_claimed_with_the_previous_period_but_not_started_is_handed_back() {
+    for batch_size in [100, 1] {
+        let env = Env::new().await;
+        let text = pipeline_text("items", batch_size, "", "");
+        let pipeline = env.pipeline("items.toml", &text);
+        let source = FakeSource::with(records(&[("a", 1), ("b", 2)]));
+        let shutdown = Shutdown::new();
+        let engine = Engine::builder(env.store.clone())
+            .shutdown(shutdown.clone())
+            .source(support::SOURCE, Arc::new(source.clone()))
+            .build();
+        let range = PeriodRange {
+            from: pipeline.period("2024-01-01").expect("period"),
+            to: pipeline.period("2024-01-03").expect("period"),
+        };
+        let ask = Ask::Periods {
+            range,
+            only: None,
+            force: false,
+        };
+        let planner = engine
+            .plan(
+                Arc::clone(&pipeline),
+                vec![support::SOURCE.to_string()],
+                ask,
+            )
+            .expect("plan");
+        let how = RunMany {
+            concurrency: 1,
+            force_deletes: false,
+            wait: false,
+        };
+        stop_at_done(shutdown);
+        let events: Vec<RunEvent> = engine.run_many(vec![planner], how).collect().await;
+        let outcomes: Vec<(String, String)> = events
+            .iter()
+            .filter_map(|event| match event {
+                RunEvent::Ran(ran) => {
+                    let outcome = format!("{:?}", ran.outcome);
+                    let name = outcome.split(['(', ' ']).next().unwrap_or("").to_string();
+                    Some((ran.key.period.label(), name))
+                }
+                _ => None,
+            })
+            .collect();
+        let expected = [
+            ("2024-01-01", "Done"),
+            ("2024-01-02", "Stopped"),
+            ("2024-01-03", "Stopped"),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()));
+        assert_eq!(outcomes, expected, "batch size {batch_size}");
+        assert_eq!(source.opens().len(), 1, "only the first period was read");
+        let ledger: Vec<(String, String, Option<String>, Option<String>, i64)> = env
+            .fetch(
+                "SELECT period_start, status, error_class, lease_owner, attempt FROM _tm_runs ORDER BY period_start",
+            )
+            .await;
+        assert_eq!(
+            ledger,
+            [
+                ("2024-01-01T00:00:00Z".to_string(), "done".to_string(), None, None, 1),
+                (
+                    "2024-01-02T00:00:00Z".to_string(),
+                    "pending".to_string(),
+                    Some("interrupted".to_string()),
+                    None,
+                    1
+                ),
+            ],
+            "batch size {batch_size}: the second key was claimed by the first one's transaction and handed back; the third never claimed"
+        );
+        let attempts: Vec<(String, i64, String)> = env
+            .fetch(
+                "SELECT r.period_start, a.attempt, a.status FROM _tm_attempts a JOIN _tm_runs r ON r.id = a.run_ref ORDER BY r.period_start",
+            )
+            .await;
+        assert_eq!(
+            attempts,
+            [
+                ("2024-01-01T00:00:00Z".to_string(), 1, "done".to_string()),
+                (
+                    "2024-01-02T00:00:00Z".to_string(),
+                    1,
+                    "interrupted".to_string()
+                ),
+            ],
+            "batch size {batch_size}"
+        );
+    }
+}

@@ -35,8 +35,8 @@ pub use ledger::{
 pub use ledger::{
     process_is_gone, stale_reason, AttemptEntry, AttemptStatus, Claim, ClaimRequest, ClaimedRun,
     Counts, Enqueue, EnqueuedBy, GridRow, HeldKey, History, Lease, LedgerEntry, Mark, MarkAs,
-    Marked, QueueKey, QueuePipeline, QueuedRun, RejectEntry, RunStatus, StartRange, StoredClass,
-    UnknownClass, UnknownState, WorkerId, FIRST_REJECTS,
+    Marked, NextClaim, QueueKey, QueuePipeline, QueuedRun, RejectEntry, RunStatus, StartRange,
+    StoredClass, UnknownClass, UnknownState, WorkerId, FIRST_REJECTS,
 };
 pub use ledger::{
     AttemptGroup, Freshness, HeldRun, LedgerMetrics, Observed, PeriodCount, QueueDepth,
@@ -542,7 +542,9 @@ impl Store {
     }
 
     /// Commits the one batch of a period, reconciles and marks the run
-    /// done, in one transaction (see [`flow::apply_and_finish`]).
+    /// done, in one transaction (see [`flow::apply_and_finish`]), then
+    /// claims `next` in it.
+    #[allow(clippy::too_many_arguments)] // the batch's and the finish's inputs
     pub(crate) async fn apply_and_finish(
         &self,
         lease: &Lease,
@@ -551,11 +553,14 @@ impl Store {
         batch: &writer::BatchWrite<'_>,
         existing: &stored::StoredHashes,
         reconcile: &Reconcile,
-    ) -> Result<(writer::BatchOutcome, serde_json::Value), Error> {
-        dispatch!(self, s => flow::apply_and_finish(s, lease, schema, lineage, batch, existing, reconcile).await)
+        next: Option<&NextClaim>,
+    ) -> Result<(writer::BatchOutcome, serde_json::Value, Option<Claim>), Error> {
+        let next = self.piggy_back(next);
+        dispatch!(self, s => flow::apply_and_finish(s, lease, schema, lineage, batch, existing, reconcile, next).await)
     }
 
-    /// Reconciles and marks the run done (see [`flow::finish`]).
+    /// Reconciles and marks the run done (see [`flow::finish`]), then
+    /// claims `next` in the same transaction.
     #[allow(clippy::too_many_arguments)] // the run's identity and its end state
     pub(crate) async fn finish_run(
         &self,
@@ -566,8 +571,17 @@ impl Store {
         reconcile: &Reconcile,
         counts: Counts,
         batches: i64,
-    ) -> Result<serde_json::Value, Error> {
-        dispatch!(self, s => flow::finish(s, lease, schema, lineage, existing, reconcile, counts, batches).await)
+        next: Option<&NextClaim>,
+    ) -> Result<(serde_json::Value, Option<Claim>), Error> {
+        let next = self.piggy_back(next);
+        dispatch!(self, s => flow::finish(s, lease, schema, lineage, existing, reconcile, counts, batches, next).await)
+    }
+
+    /// The next key's claim a finishing transaction may carry: none while
+    /// [`Store::claim`] would refuse to claim (the space
+    /// [`Store::make_room`] freed is kept for failure records).
+    fn piggy_back<'n>(&self, next: Option<&'n NextClaim>) -> Option<&'n NextClaim> {
+        next.filter(|_| self.room_to_claim().is_ok())
     }
 
     /// Starts writing the batches of a claimed run.

@@ -12,7 +12,7 @@ use tidemark_core::spec::OnMissing;
 use tidemark_core::KeySet;
 use tidemark_core::{Error, Hash128, Row, RunKey};
 
-use crate::ledger::{encode_hashes, ClaimedRun, Counts, Lease};
+use crate::ledger::{encode_hashes, Claim, ClaimedRun, Counts, Lease, NextClaim};
 use crate::schema::TableSchema;
 use crate::stored::{Builder, Found, StoredHashes};
 use crate::Store;
@@ -352,6 +352,23 @@ impl RunWriter {
         checkpoint: &serde_json::Value,
         reconcile: &Reconcile,
     ) -> Result<serde_json::Value, Error> {
+        let last = (rows, rejects, rows_read, checkpoint);
+        let (result, _) = self
+            .write_last_batch_then_claim(last, reconcile, None)
+            .await?;
+        Ok(result)
+    }
+
+    /// [`RunWriter::write_last_batch`], whose transaction then claims the
+    /// worker's `next` key (the claim piggy-back, ADR 0022): the answer of
+    /// that claim comes back with the result. On error nothing was
+    /// committed, and nothing claimed.
+    pub async fn write_last_batch_then_claim(
+        &mut self,
+        (rows, rejects, rows_read, checkpoint): (&[Row], &[Reject], u64, &serde_json::Value),
+        reconcile: &Reconcile,
+        next: Option<&NextClaim>,
+    ) -> Result<(serde_json::Value, Option<Claim>), Error> {
         // Every stored row must be known before any is counted as vanished.
         self.existing.complete()?;
         let (batch, found) = self.plan(rows, rejects, rows_read, checkpoint)?;
@@ -378,12 +395,13 @@ impl RunWriter {
                         &batch,
                         &self.existing,
                         &reconcile,
+                        next,
                     )
                     .await
             }
             Err(e) => Err(e),
         };
-        let (outcome, result) = match committed {
+        let (outcome, result, claim) = match committed {
             Ok(done) => done,
             Err(e) => {
                 for position in newly {
@@ -402,7 +420,7 @@ impl RunWriter {
         }
         self.counts = counts;
         self.batches = batch.batch_no;
-        Ok(result)
+        Ok((result, claim))
     }
 
     /// Commits one batch: changed rows, the batch's keys, rejects, counts
@@ -450,13 +468,26 @@ impl RunWriter {
     /// Reconciles vanished rows per `reconcile` and marks the run done, in
     /// one fenced transaction. Returns the canonical result.
     pub async fn finish(&mut self, reconcile: &Reconcile) -> Result<serde_json::Value, Error> {
+        let (result, _) = self.finish_then_claim(reconcile, None).await?;
+        Ok(result)
+    }
+
+    /// [`RunWriter::finish`], whose transaction then claims the worker's
+    /// `next` key (the claim piggy-back, ADR 0022): the answer of that
+    /// claim comes back with the result. On error nothing was committed,
+    /// and nothing claimed.
+    pub async fn finish_then_claim(
+        &mut self,
+        reconcile: &Reconcile,
+        next: Option<&NextClaim>,
+    ) -> Result<(serde_json::Value, Option<Claim>), Error> {
         // Every stored row must be known before any is counted as vanished.
         self.existing.complete()?;
         let reconcile = self.effective(reconcile);
         if reconcile.on_missing != OnMissing::Keep {
             self.existing.prepare_reconcile()?;
         }
-        let result = self
+        let (result, claim) = self
             .store
             .finish_run(
                 &self.lease,
@@ -466,6 +497,7 @@ impl RunWriter {
                 &reconcile,
                 self.counts,
                 self.batches,
+                next,
             )
             .await?;
         if let Some(deleted) = result
@@ -474,7 +506,7 @@ impl RunWriter {
         {
             self.counts.rows_deleted = deleted;
         }
-        Ok(result)
+        Ok((result, claim))
     }
 }
 

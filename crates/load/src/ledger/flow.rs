@@ -21,7 +21,8 @@ use super::sql::{
 };
 use super::{
     decode_hashes, new_run_id, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue,
-    Lease, LedgerEntry, QueuePipeline, QueuedRun, RunStatus, StartRange, StoredClass, WorkerId,
+    Lease, LedgerEntry, NextClaim, QueuePipeline, QueuedRun, RunStatus, StartRange, StoredClass,
+    WorkerId,
 };
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
@@ -82,26 +83,59 @@ async fn try_claim<D: Driver>(
     key: &RunKey,
     request: &ClaimRequest,
 ) -> Result<Option<Claim>, Error> {
+    let mut tx = driver.begin().await?;
+    let claim = claim_in::<D>(&mut tx, key, request).await?;
+    tx.commit().await?;
+    Ok(claim)
+}
+
+/// The claim of `key` inside `tx`: creates its ledger row if missing (the
+/// insert returns it, locked), else locks it, and applies [`take`]. `None`
+/// when another transaction holds the row (PostgreSQL skips it rather than
+/// wait). Shared by a claim's own transaction ([`try_claim`]) and the
+/// transaction that finishes the worker's previous period ([`piggy_back`]).
+async fn claim_in<D: Driver>(
+    tx: &mut D::Tx,
+    key: &RunKey,
+    request: &ClaimRequest,
+) -> Result<Option<Claim>, Error> {
     let s = sql::<D>();
     let (start, end) = (key.period.start_rfc3339(), key.period.end_rfc3339());
     let run_key = run_key_args(key, &start);
-    let mut tx = driver.begin().await?;
     let mut insert = run_key.to_vec();
     insert.push(Arg::Text(&end));
-    let created = fetch_optional(&mut tx, &s.create_run, &insert).await?;
-    let row = match created {
+    let row = match fetch_optional(tx, &s.create_run, &insert).await? {
         Some(row) => row,
-        None => match fetch_optional(&mut tx, &s.lock_run, &run_key).await? {
+        None => match fetch_optional(tx, &s.lock_run, &run_key).await? {
             Some(row) => row,
-            None => {
-                tx.commit().await?;
-                return Ok(None);
-            }
+            None => return Ok(None),
         },
     };
-    let claim = take::<D>(&mut tx, &row, request).await?;
-    tx.commit().await?;
-    Ok(Some(claim))
+    take::<D>(tx, &row, request).await.map(Some)
+}
+
+/// The next key's claim at the end of a finishing transaction (ADR 0022,
+/// the claim piggy-back). `Ok(None)`: nothing to claim, or its row is held
+/// by another transaction (the worker then claims it on its own, with the
+/// patience of [`claim`]). `Err`: the claim failed and `tx` may be aborted;
+/// the caller finishes its period again without it, so the period never
+/// fails for its successor's sake.
+async fn piggy_back<D: Driver>(
+    tx: &mut D::Tx,
+    next: Option<&NextClaim>,
+) -> Result<Option<Claim>, Error> {
+    match next {
+        Some(next) => claim_in::<D>(tx, &next.key, &next.request).await,
+        None => Ok(None),
+    }
+}
+
+/// Logs a piggy-backed claim that failed: its period is finished again
+/// without it.
+fn piggy_back_failed(next: Option<&NextClaim>, error: &Error) {
+    if let Some(next) = next {
+        tracing::debug!(key = %next.key, error = %error, "the next key's claim failed inside the finishing transaction; finishing without it");
+    }
 }
 
 /// `Held` for a run row another transaction kept locked past
@@ -975,7 +1009,9 @@ async fn begin_batch<'l, D: Driver>(
 /// A period that fits in one batch: the batch, the reconciliation and
 /// `done` in one fenced transaction (one commit instead of two, and no
 /// remembered keys: they would be deleted in the same transaction).
-/// `existing` must already count the batch's keys as seen.
+/// `existing` must already count the batch's keys as seen. With `next`,
+/// the same transaction then claims the worker's next key (ADR 0022) and
+/// returns the claim's answer.
 #[allow(clippy::too_many_arguments)] // the batch's and the finish's inputs
 pub(crate) async fn apply_and_finish<D: Driver>(
     driver: &D,
@@ -985,7 +1021,8 @@ pub(crate) async fn apply_and_finish<D: Driver>(
     batch: &BatchWrite<'_>,
     existing: &StoredHashes,
     reconcile: &Reconcile,
-) -> Result<(BatchOutcome, serde_json::Value), Error> {
+    next: Option<&NextClaim>,
+) -> Result<(BatchOutcome, serde_json::Value, Option<Claim>), Error> {
     let (stamp, prepared, mut tx) = begin_batch(driver, lease, schema, lineage, batch).await?;
     let outcome = write_batch_in::<D>(
         driver, &mut tx, lease, schema, &stamp, batch, &prepared, false,
@@ -995,15 +1032,15 @@ pub(crate) async fn apply_and_finish<D: Driver>(
         // The transaction is aborted: dropped, it rolls back.
         drop(tx);
         let merged = batch.merged();
-        let (merged, result) = Box::pin(apply_and_finish(
-            driver, lease, schema, lineage, &merged, existing, reconcile,
+        let (merged, result, claim) = Box::pin(apply_and_finish(
+            driver, lease, schema, lineage, &merged, existing, reconcile, next,
         ))
         .await?;
         let outcome = BatchOutcome {
             direct_copy_conflict: true,
             ..merged
         };
-        return Ok((outcome, result));
+        return Ok((outcome, result, claim));
     }
     let mut counts = batch.counts;
     outcome.written.apply(&mut counts);
@@ -1014,8 +1051,19 @@ pub(crate) async fn apply_and_finish<D: Driver>(
         driver, &mut tx, lease, schema, lineage, existing, reconcile, counts, batch_rows,
     )
     .await?;
+    let claim = match piggy_back::<D>(&mut tx, next).await {
+        Ok(claim) => claim,
+        Err(e) => {
+            piggy_back_failed(next, &e);
+            drop(tx);
+            return Box::pin(apply_and_finish(
+                driver, lease, schema, lineage, batch, existing, reconcile, None,
+            ))
+            .await;
+        }
+    };
     tx.commit().await?;
-    Ok((outcome, result))
+    Ok((outcome, result, claim))
 }
 
 /// The writes of one batch inside `tx`: rows, rejects, remembered keys
@@ -1097,7 +1145,8 @@ async fn save_progress<D: Driver>(
 
 /// Reconciles vanished rows per `reconcile` and marks the run done, in one
 /// fenced transaction. Returns the canonical result. `batches`: how many
-/// the run has committed.
+/// the run has committed. With `next`, the same transaction then claims
+/// the worker's next key (ADR 0022) and returns the claim's answer.
 #[allow(clippy::too_many_arguments)] // the run's identity and its end state
 pub(crate) async fn finish<D: Driver>(
     driver: &D,
@@ -1108,7 +1157,8 @@ pub(crate) async fn finish<D: Driver>(
     reconcile: &Reconcile,
     counts: Counts,
     batches: i64,
-) -> Result<serde_json::Value, Error> {
+    next: Option<&NextClaim>,
+) -> Result<(serde_json::Value, Option<Claim>), Error> {
     let mut tx = driver.begin().await?;
     fence::<D>(&mut tx, lease).await?;
     // Batch rows exist only while `batches` counts them.
@@ -1117,8 +1167,19 @@ pub(crate) async fn finish<D: Driver>(
         driver, &mut tx, lease, schema, lineage, existing, reconcile, counts, batch_rows,
     )
     .await?;
+    let claim = match piggy_back::<D>(&mut tx, next).await {
+        Ok(claim) => claim,
+        Err(e) => {
+            piggy_back_failed(next, &e);
+            drop(tx);
+            return Box::pin(finish(
+                driver, lease, schema, lineage, existing, reconcile, counts, batches, None,
+            ))
+            .await;
+        }
+    };
     tx.commit().await?;
-    Ok(result)
+    Ok((result, claim))
 }
 
 /// The reconciliation and `done` inside `tx`.

@@ -298,6 +298,20 @@ impl Counts {
     }
 }
 
+/// The claim of the run key a worker runs next, made inside the write
+/// transaction that finishes its current period (the claim piggy-back, ADR
+/// 0022): one commit per period instead of two. The claim is the one
+/// [`crate::Store::claim`] makes (same statements, same rules, same lease),
+/// only its transaction is shared; if that transaction does not commit,
+/// nothing was claimed.
+#[derive(Debug, Clone)]
+pub struct NextClaim {
+    /// The run key to claim.
+    pub key: tidemark_core::RunKey,
+    /// Its claim, as the worker would send it on its own.
+    pub request: ClaimRequest,
+}
+
 /// A claimed attempt.
 #[derive(Debug, Clone)]
 pub struct ClaimedRun {
