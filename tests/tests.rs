@@ -26,6 +26,7 @@ mod ownership;
 mod page;
 mod pooling;
 mod rate_limits;
+mod raw_hash;
 mod scheduler;
 mod service;
 mod sql_source;
