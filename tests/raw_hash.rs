@@ -159,7 +159,7 @@ async fn a_config_change_that_types_differently_rewrites_what_it_changes(backend
     env.write("pipelines/data/2024-01-01.csv", &csv(&v2));
     let (mutated, log) = resync(&env);
     assert_eq!(counts(&mutated), [100, 1, 2, 97, 1], "{mutated}");
-    assert!(raw_unchanged(&log) >= 40, "{log}");
+    assert!(raw_unchanged(&log) > 0, "{log}");
     let rows = table(&env).await;
     assert_eq!(rows.len(), 100);
     let row = |id: &str| rows.iter().find(|r| r[0].as_deref() == Some(id)).cloned();

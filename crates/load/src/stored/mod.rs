@@ -345,9 +345,18 @@ impl Builder {
             return file.push(key, hashes, ours);
         }
         if self.pairs.len() == self.pairs.capacity() {
-            // Grow by doubling, never past what the budget holds.
+            // Grow by doubling, never past what the budget holds. A full
+            // vector that could not double within the budget goes to the
+            // file instead of growing once more: the copy of a growth holds
+            // the old and the new vector at once, which near the budget
+            // was the period's peak RSS (ADR 0021, "The raw-record hash").
             let most = usize::try_from(self.budget / MEMORY_ENTRY).unwrap_or(usize::MAX);
-            let want = (self.pairs.len() * 2).max(1024).min(most.max(1));
+            let doubled = (self.pairs.len() * 2).max(1024);
+            if doubled > most && self.pairs.len() >= 1024 {
+                self.spill()?;
+                return self.push(key, hashes, ours);
+            }
+            let want = doubled.min(most.max(1));
             self.pairs
                 .reserve_exact(want.saturating_sub(self.pairs.len()).max(1));
         }
