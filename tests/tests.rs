@@ -27,6 +27,7 @@ mod page;
 mod piggy_back;
 mod pooling;
 mod rate_limits;
+mod raw_hash;
 mod scheduler;
 mod service;
 mod sql_source;

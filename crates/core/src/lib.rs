@@ -19,7 +19,7 @@ pub use error::{Error, ErrorClass, Location, Result};
 pub use fingerprint::FieldsFingerprint;
 pub use period::{Granularity, Period};
 pub use rate::RateGate;
-pub use record::{Origin, RawData, RawRecord, RawValue, Selector};
+pub use record::{Origin, RawData, RawHasher, RawRecord, RawValue, Selector};
 pub use run_key::RunKey;
 pub use spec::{Pipeline, PipelineSpec, RetryPolicy};
 pub use value::{FieldType, Hash128, KeyMap, KeySet, Row, RowShape, Value};

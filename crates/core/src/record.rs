@@ -5,7 +5,10 @@
 
 use std::sync::Arc;
 
+use xxhash_rust::xxh3::xxh3_128;
+
 use crate::error::{Error, Location};
+use crate::value::Hash128;
 
 /// Where a record came from. The resource name is shared by every record of
 /// a file or page.
@@ -188,6 +191,83 @@ pub fn csv_position(headers: &csv::StringRecord, selector: &Selector) -> Option<
     headers.iter().position(|h| h == name)
 }
 
+/// Hashes raw records (ADR 0021, "The raw-record hash"): 128 bits over
+/// the record's bytes as the reader decoded them (a CSV row's cells and
+/// its header, a JSON object's text), prefixed by a seed that stands for
+/// everything else deciding how the record is typed (the compiled
+/// `[fields]`, the timezone, the build). Two records with the same raw
+/// hash therefore type to the same row; a change of configuration changes
+/// every raw hash, so no stored one matches and the typed row decides.
+///
+/// Cells and header names are length-prefixed, so the encoding is
+/// unambiguous. A malformed record has no raw hash: it never takes the
+/// shortcut. The hash is never 0, which stored forms use for "none".
+#[derive(Debug)]
+pub struct RawHasher {
+    seed: [u8; 16],
+    scratch: Vec<u8>,
+    /// The digest of the last CSV header row seen, found once per file.
+    header: Option<(CsvHeaders, [u8; 16])>,
+}
+
+impl RawHasher {
+    /// A hasher whose every hash is seeded with `seed`.
+    pub fn new(seed: Hash128) -> RawHasher {
+        RawHasher {
+            seed: seed.to_bytes(),
+            scratch: Vec::with_capacity(256),
+            header: None,
+        }
+    }
+
+    /// The raw hash of `record`; `None` for a malformed one.
+    pub fn hash(&mut self, record: &RawRecord) -> Option<Hash128> {
+        let header = match &record.data {
+            RawData::Csv { headers, .. } => Some(self.header_digest(headers)),
+            _ => None,
+        };
+        let out = &mut self.scratch;
+        out.clear();
+        out.extend_from_slice(&self.seed);
+        match (&record.data, header) {
+            (RawData::Csv { row, .. }, Some(header)) => {
+                out.push(b'c');
+                out.extend_from_slice(&header);
+                for cell in row {
+                    push_cell(out, cell.as_bytes());
+                }
+            }
+            (RawData::Json(value), _) => {
+                out.push(b'j');
+                serde_json::to_writer(&mut *out, value).ok()?;
+            }
+            _ => return None,
+        }
+        Some(Hash128(xxh3_128(out).max(1)))
+    }
+
+    fn header_digest(&mut self, headers: &CsvHeaders) -> [u8; 16] {
+        if let Some((known, digest)) = &self.header {
+            if Arc::ptr_eq(known, headers) {
+                return *digest;
+            }
+        }
+        let mut bytes = Vec::new();
+        for name in headers.iter() {
+            push_cell(&mut bytes, name.as_bytes());
+        }
+        let digest = xxh3_128(&bytes).to_be_bytes();
+        self.header = Some((Arc::clone(headers), digest));
+        digest
+    }
+}
+
+/// A cell, prefixed by its length.
+fn push_cell(out: &mut Vec<u8>, cell: &[u8]) {
+    out.extend_from_slice(&(cell.len() as u64).to_le_bytes());
+    out.extend_from_slice(cell);
+}
+
 fn json_value(v: Option<&serde_json::Value>) -> RawValue<'_> {
     match v {
         None => RawValue::Missing,
@@ -226,6 +306,34 @@ mod tests {
             rec.to_json(),
             serde_json::json!({"id": "A1", "total": "9.5"})
         );
+    }
+
+    #[test]
+    fn raw_hash_sees_cells_header_seed_and_skips_malformed() {
+        let csv = |headers: &[&str], row: &[&str]| RawRecord {
+            data: RawData::Csv {
+                headers: Arc::new(csv::StringRecord::from(headers.to_vec())),
+                row: csv::StringRecord::from(row.to_vec()),
+            },
+            origin: origin(),
+        };
+        let mut hasher = RawHasher::new(Hash128(1));
+        let base = hasher.hash(&csv(&["id", "v"], &["1", "x"])).unwrap();
+        assert_eq!(hasher.hash(&csv(&["id", "v"], &["1", "x"])), Some(base));
+        assert_ne!(hasher.hash(&csv(&["id", "v"], &["1", "y"])), Some(base));
+        assert_ne!(hasher.hash(&csv(&["id", "w"], &["1", "x"])), Some(base));
+        assert_ne!(hasher.hash(&csv(&["id", "v"], &["1x", ""])), Some(base));
+        let mut other = RawHasher::new(Hash128(2));
+        assert_ne!(other.hash(&csv(&["id", "v"], &["1", "x"])), Some(base));
+        let json = RawRecord {
+            data: RawData::Json(serde_json::json!({"id": 1, "v": "x"})),
+            origin: origin(),
+        };
+        let a = hasher.hash(&json).unwrap();
+        assert_ne!(a, base);
+        assert_eq!(hasher.hash(&json), Some(a));
+        let bad = RawRecord::malformed("x".into(), Error::Invariant("bad".into()), origin());
+        assert_eq!(hasher.hash(&bad), None);
     }
 
     #[test]

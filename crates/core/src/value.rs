@@ -278,6 +278,13 @@ pub struct Row {
     pub key_hash: Hash128,
     /// Hash of all values.
     pub row_hash: Hash128,
+    /// Hash of the raw record the row was typed from, seeded with
+    /// everything that decides the typing ([`crate::record::RawHasher`]),
+    /// stored beside the row hash: a later run that reads the same raw
+    /// record under the same configuration knows the row unchanged without
+    /// typing it (ADR 0021). `None` when not known (the row then carries
+    /// no shortcut).
+    pub raw_hash: Option<Hash128>,
 }
 
 impl Row {
@@ -292,6 +299,7 @@ impl Row {
             row_hash: row_hash(shape, &values),
             values,
             key_hash,
+            raw_hash: None,
         }
     }
 }

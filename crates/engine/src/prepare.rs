@@ -2,10 +2,13 @@
 //! committed, batch N+1 is typed and batch N+2 read. One prepared batch
 //! waits at most, so memory stays at three batches.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tidemark_core::spec::SourceSpec;
-use tidemark_core::{Error, Location, Origin, Period, Pipeline, RateGate, RawRecord, Row};
+use tidemark_core::{
+    Error, Hash128, KeyMap, Location, Origin, Period, Pipeline, RateGate, RawRecord, Row,
+};
 use tidemark_extract::{Checkpoint, OpenRequest, OpenSource};
 use tidemark_load::{Reject, Store};
 use tidemark_transform::{Presence, Transformer};
@@ -22,6 +25,99 @@ pub(crate) struct Prepared {
     pub rows: Vec<(Row, Origin)>,
     /// Records that failed validation, with their error, in source order.
     pub rejects: Vec<(Error, Reject)>,
+    /// Where each reject was in the batch (record number from 0), so that
+    /// rejects found later ([`Prepared::type_rest`]) keep source order.
+    pub reject_at: Vec<usize>,
+    /// Records not typed yet because their raw hash may show them
+    /// unchanged (ADR 0021, "The raw-record hash"): only when the run asked
+    /// for it ([`Read::defer`]).
+    pub deferred: Vec<Deferred>,
+    /// With deferred records: every record that typed or was deferred, in
+    /// source order, as [`tidemark_load::RunWriter::raw_unchanged`] takes
+    /// them (its key hash, and its raw hash if deferred).
+    pub order: Vec<(Hash128, Option<Hash128>)>,
+    /// With deferred records: the batch's first and last locations, and
+    /// the fields its typed records held, for the drift warning that
+    /// waits until the deferred ones are typed.
+    /// (Boxed: rarely there, and the batch travels through a channel.)
+    drift: Option<Box<Drift>>,
+}
+
+/// A batch's first and last locations, and what its typed records held.
+type Drift = (Option<(Location, Location)>, Presence);
+
+/// A record whose typing waits for the writer's comparison of raw hashes.
+pub(crate) struct Deferred {
+    pub record: RawRecord,
+    pub raw_hash: Hash128,
+    /// Its record number in the batch, from 0.
+    pub at: usize,
+}
+
+impl Prepared {
+    /// Types the deferred records whose raw hash did not match
+    /// (`unchanged` is [`tidemark_load::RunWriter::raw_unchanged`]'s answer
+    /// for [`Prepared::order`]); the others are left out, as the writer
+    /// counts them. Returns how many were unchanged.
+    pub fn type_rest(&mut self, transformer: &Transformer, unchanged: &[bool]) -> usize {
+        let deferred = std::mem::take(&mut self.deferred);
+        let raw_answers = self
+            .order
+            .iter()
+            .zip(unchanged)
+            .filter(|((_, raw), _)| raw.is_some())
+            .map(|(_, same)| *same);
+        let mut hits = 0;
+        let (span, mut presence) = self
+            .drift
+            .take()
+            .map_or_else(|| (None, transformer.presence()), |drift| *drift);
+        let mut late_rejects = Vec::new();
+        let mut typed = 0;
+        for (item, same) in deferred.into_iter().zip(raw_answers) {
+            if same {
+                hits += 1;
+                continue;
+            }
+            typed += 1;
+            match transformer.transform_noting(&item.record, &mut presence) {
+                Ok(mut row) => {
+                    row.raw_hash = Some(item.raw_hash);
+                    self.rows.push((row, item.record.origin));
+                }
+                Err(error) => {
+                    let reject = reject_of(&error, &item.record);
+                    late_rejects.push((item.at, (error, reject)));
+                }
+            }
+        }
+        // A field no typed record held means drift only if no record took
+        // the shortcut: an unchanged record says nothing new about fields.
+        if hits == 0 && typed > 0 {
+            warn_absent(transformer, &presence, span);
+        }
+        self.merge_rejects(late_rejects);
+        self.order.clear();
+        hits
+    }
+
+    /// Rejects found while typing deferred records, in source order among
+    /// those found before.
+    fn merge_rejects(&mut self, late: Vec<(usize, (Error, Reject))>) {
+        if late.is_empty() {
+            return;
+        }
+        let early = std::mem::take(&mut self.rejects)
+            .into_iter()
+            .zip(std::mem::take(&mut self.reject_at));
+        let mut all: Vec<(usize, (Error, Reject))> =
+            early.map(|(reject, at)| (at, reject)).chain(late).collect();
+        all.sort_by_key(|(at, _)| *at);
+        for (at, reject) in all {
+            self.reject_at.push(at);
+            self.rejects.push(reject);
+        }
+    }
 }
 
 /// What the reading task sends: a batch (or the failure that ends it), or
@@ -72,6 +168,11 @@ pub(crate) struct Read {
     pub resume: Option<Checkpoint>,
     /// Periods the engine runs at once ([`OpenRequest::periods_at_once`]).
     pub at_once: usize,
+    /// Set by the run once its writer knows the run key holds raw hashes:
+    /// from then on, each batch only hashes its records and types their
+    /// keys, and the rest of the typing waits for the writer's comparison
+    /// ([`Prepared::deferred`]).
+    pub defer: Arc<AtomicBool>,
 }
 
 /// Reads and types batches from `read.resume` on; they arrive in order,
@@ -131,6 +232,7 @@ async fn produce(
         period,
         resume,
         at_once,
+        defer,
     } = read;
     let gate = pipeline
         .source(source_id)
@@ -171,7 +273,8 @@ async fn produce(
         }
         let Some(batch) = next? else { break };
         if std::mem::take(&mut first) {
-            let prepared = prepare(transformer, batch.records, batch.checkpoint);
+            let defer = defer.load(Ordering::Relaxed);
+            let prepared = prepare(transformer, batch.records, batch.checkpoint, defer);
             if tx.send(Item::Batch(Ok(prepared))).await.is_err() {
                 return Ok(());
             }
@@ -179,8 +282,9 @@ async fn produce(
         }
         let transformer = Arc::clone(transformer);
         let span = tracing::Span::current();
+        let defer = defer.load(Ordering::Relaxed);
         typing = Some(tokio::task::spawn_blocking(move || {
-            span.in_scope(|| prepare(&transformer, batch.records, batch.checkpoint))
+            span.in_scope(|| prepare(&transformer, batch.records, batch.checkpoint, defer))
         }));
     }
     let expected = reader.expected_count();
@@ -188,28 +292,87 @@ async fn produce(
     Ok(())
 }
 
-fn prepare(transformer: &Transformer, records: Vec<RawRecord>, checkpoint: Checkpoint) -> Prepared {
+/// Types a batch, each row with its raw hash. With `defer`, a record
+/// whose key types and whose key is once in the batch is only hashed and
+/// left for [`Prepared::type_rest`]; a key twice in a batch is typed (the
+/// last row must win, which the writer can only tell from typed rows).
+fn prepare(
+    transformer: &Transformer,
+    records: Vec<RawRecord>,
+    checkpoint: Checkpoint,
+    defer: bool,
+) -> Prepared {
     let read = records.len() as u64;
-    let mut rows = Vec::with_capacity(records.len());
-    let mut rejects = Vec::new();
+    let mut hasher = transformer.raw_hasher();
     let mut presence = transformer.presence();
     let span = batch_span(&records);
-    for record in records {
+    let mut prepared = Prepared {
+        checkpoint,
+        read,
+        rows: Vec::with_capacity(if defer { 0 } else { records.len() }),
+        rejects: Vec::new(),
+        reject_at: Vec::new(),
+        deferred: Vec::new(),
+        order: Vec::new(),
+        drift: None,
+    };
+    let hashed: Vec<(RawRecord, Option<Hash128>, Option<Hash128>)> = records
+        .into_iter()
+        .map(|record| {
+            let raw = hasher.hash(&record);
+            let key = match (defer, raw) {
+                (true, Some(_)) => transformer.key_hash_of(&record, &mut presence),
+                _ => None,
+            };
+            (record, raw, key)
+        })
+        .collect();
+    let once = keys_once(hashed.iter().filter_map(|(_, _, key)| *key));
+    for (at, (record, raw, key)) in hashed.into_iter().enumerate() {
+        if let (Some(key), Some(raw_hash)) = (key, raw) {
+            if once.get(&key) == Some(&true) {
+                prepared.order.push((key, Some(raw_hash)));
+                prepared.deferred.push(Deferred {
+                    record,
+                    raw_hash,
+                    at,
+                });
+                continue;
+            }
+        }
         match transformer.transform_noting(&record, &mut presence) {
-            Ok(row) => rows.push((row, record.origin)),
+            Ok(mut row) => {
+                row.raw_hash = raw;
+                if defer {
+                    prepared.order.push((row.key_hash, None));
+                }
+                prepared.rows.push((row, record.origin));
+            }
             Err(error) => {
                 let reject = reject_of(&error, &record);
-                rejects.push((error, reject));
+                prepared.rejects.push((error, reject));
+                prepared.reject_at.push(at);
             }
         }
     }
-    warn_absent(transformer, &presence, span);
-    Prepared {
-        checkpoint,
-        read,
-        rows,
-        rejects,
+    if prepared.deferred.is_empty() {
+        prepared.order.clear();
+        warn_absent(transformer, &presence, span);
+    } else {
+        prepared.drift = Some(Box::new((span, presence)));
     }
+    prepared
+}
+
+/// For each key: whether it is in the batch once.
+fn keys_once(keys: impl Iterator<Item = Hash128>) -> KeyMap<bool> {
+    let mut once = KeyMap::default();
+    for key in keys {
+        once.entry(key)
+            .and_modify(|single| *single = false)
+            .or_insert(true);
+    }
+    once
 }
 
 /// Where a batch's first and last records came from.

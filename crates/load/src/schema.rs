@@ -13,6 +13,13 @@ pub const LINEAGE_COLUMNS: [&str; 6] = [
     "_tm_loaded_at",
 ];
 
+/// The hash of the raw record each row was typed from (ADR 0021, "The
+/// raw-record hash"): nullable, after the lineage columns. NULL means no
+/// shortcut: the row's record is typed and compared by its row hash, as
+/// for a table created before the column, which gets it added (NULL for
+/// its rows until each is next written).
+pub const RAW_HASH: &str = "_tm_raw_hash";
+
 /// Set by `on_missing = "soft_delete"`.
 pub const DELETED_AT: &str = "_tm_deleted_at";
 
@@ -116,6 +123,8 @@ pub(crate) struct ColumnCheck {
     /// Indices of fields the table lacks that may be added (see
     /// [`TableSchema::can_add`]).
     pub to_add: Vec<usize>,
+    /// The table predates [`RAW_HASH`]: it is added.
+    pub add_raw_hash: bool,
 }
 
 /// Compares an existing table with the pipeline: every `[fields]` column
@@ -151,9 +160,11 @@ pub(crate) fn compare_columns(
                 .push(format!("lineage column `{lineage}` is missing"));
         }
     }
+    check.add_raw_hash = !actual.iter().any(|(n, _)| n == RAW_HASH);
     for (name, _) in actual {
         let known = schema.columns.iter().any(|(n, _)| n == name)
             || LINEAGE_COLUMNS.contains(&name.as_str())
+            || name == RAW_HASH
             || name == DELETED_AT;
         if !known {
             check.problems.push(format!(

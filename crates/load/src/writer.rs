@@ -9,12 +9,12 @@
 //! tell vanished rows from rows read before a crash.
 
 use tidemark_core::spec::OnMissing;
-use tidemark_core::KeySet;
 use tidemark_core::{Error, Hash128, Row, RunKey};
+use tidemark_core::{KeyMap, KeySet};
 
 use crate::ledger::{encode_hashes, Claim, ClaimedRun, Counts, Lease, NextClaim};
 use crate::schema::TableSchema;
-use crate::stored::{Builder, Found, StoredHashes};
+use crate::stored::{Builder, Found, Hashes, StoredHashes};
 use crate::Store;
 
 /// A rejected record, kept in `_tm_rejects`.
@@ -93,6 +93,8 @@ pub(crate) struct BatchOutcome {
 pub(crate) struct StoredRow {
     pub key: Hash128,
     pub row_hash: Hash128,
+    /// The raw-record hash the row was written with, if any.
+    pub raw_hash: Option<Hash128>,
     /// The row carries this run's id: a resumed run wrote it before.
     pub written_by_run: bool,
 }
@@ -188,6 +190,13 @@ pub struct RunWriter {
     counts: Counts,
     batches: i64,
     direct_copy: bool,
+    /// What [`RunWriter::raw_unchanged`] found for the batch's keys it did
+    /// not skip: `plan` takes them from here instead of looking again (the
+    /// spill file's cursor passes each key once).
+    looked_up: KeyMap<Option<Found>>,
+    /// Keys of the batch whose raw record matched the stored raw hash, with
+    /// their positions: counted unchanged, and seen once the batch commits.
+    raw_skipped: Vec<(Hash128, usize)>,
 }
 
 impl RunWriter {
@@ -226,7 +235,8 @@ impl RunWriter {
                 // Rows this run wrote before a crash were seen.
                 store
                     .stored_rows(&schema, &lineage, run_id, |stored| {
-                        builder.push(stored.key, stored.row_hash, stored.written_by_run)
+                        let hashes = Hashes::new(stored.row_hash, stored.raw_hash);
+                        builder.push(stored.key, hashes, stored.written_by_run)
                     })
                     .await?;
                 builder.finish()?
@@ -256,6 +266,8 @@ impl RunWriter {
             counts: run.counts,
             batches: run.batches,
             direct_copy: true,
+            looked_up: KeyMap::default(),
+            raw_skipped: Vec::new(),
         })
     }
 
@@ -298,6 +310,82 @@ impl RunWriter {
         self.batches
     }
 
+    /// Whether the run key holds rows with a raw-record hash (of those read
+    /// so far): only then can a record skip its typing
+    /// ([`RunWriter::raw_unchanged`]).
+    pub fn has_raw_hashes(&self) -> bool {
+        self.existing.has_raw_hashes()
+    }
+
+    /// The raw-record shortcut (ADR 0021, "The raw-record hash"). `batch`
+    /// holds every record of the next batch that will be written, in
+    /// source order: its key hash, and its raw hash when its typing was
+    /// deferred (those keys must be unique in the batch). Returns, for each,
+    /// whether it is unchanged: the run key holds the key with the same raw
+    /// hash, and this run has not written that row since it started. Such
+    /// a record is counted unchanged and seen when the batch commits (the
+    /// caller does not type or pass it); every other key's lookup is kept
+    /// for the batch's rows, so each key is looked up once, in order.
+    pub fn raw_unchanged(
+        &mut self,
+        batch: &[(Hash128, Option<Hash128>)],
+    ) -> Result<Vec<bool>, Error> {
+        let keys: Vec<Hash128> = batch.iter().map(|(key, _)| *key).collect();
+        let found = self.existing.find_all(&keys)?;
+        self.looked_up.clear();
+        self.raw_skipped.clear();
+        let mut unchanged = Vec::with_capacity(batch.len());
+        for ((key, raw), found) in batch.iter().zip(found) {
+            let same = match (raw, found) {
+                (Some(raw), Some(f)) => f.row_hash.is_some() && f.raw_hash == Some(*raw),
+                _ => false,
+            };
+            match found {
+                Some(f) if same => self.raw_skipped.push((*key, f.position)),
+                _ => {
+                    self.looked_up.insert(*key, found);
+                }
+            }
+            unchanged.push(same);
+        }
+        Ok(unchanged)
+    }
+
+    /// Each row's stored entry: from [`RunWriter::raw_unchanged`]'s lookups
+    /// when it made them, else looked up now.
+    fn find_rows(&mut self, keys: &[Hash128]) -> Result<Vec<Option<Found>>, Error> {
+        if self.looked_up.is_empty() {
+            return self.existing.find_all(keys);
+        }
+        let mut found = Vec::with_capacity(keys.len());
+        let mut missing = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            match self.looked_up.get(key) {
+                Some(known) => found.push(*known),
+                None => {
+                    missing.push(i);
+                    found.push(None);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let asked: Vec<Hash128> = missing.iter().map(|&i| keys[i]).collect();
+            for (i, hit) in missing.into_iter().zip(self.existing.find_all(&asked)?) {
+                found[i] = hit;
+            }
+        }
+        Ok(found)
+    }
+
+    /// The batch committed: its raw-skipped keys are seen, and its lookups
+    /// done with.
+    fn raw_committed(&mut self) {
+        for (_, position) in std::mem::take(&mut self.raw_skipped) {
+            self.existing.see(position);
+        }
+        self.looked_up.clear();
+    }
+
     /// What to write of a batch, and where its keys are in the stored set.
     fn plan<'r>(
         &mut self,
@@ -307,8 +395,8 @@ impl RunWriter {
         checkpoint: &'r serde_json::Value,
     ) -> Result<(BatchWrite<'r>, Vec<Option<Found>>), Error> {
         let keys: Vec<Hash128> = rows.iter().map(|row| row.key_hash).collect();
-        let found = self.existing.find_all(&keys)?;
-        let mut skipped = Vec::new();
+        let found = self.find_rows(&keys)?;
+        let mut skipped: Vec<Hash128> = self.raw_skipped.iter().map(|(key, _)| *key).collect();
         let mut writes = Vec::with_capacity(rows.len());
         for (row, found) in rows.iter().zip(&found) {
             match found {
@@ -374,10 +462,13 @@ impl RunWriter {
         let (batch, found) = self.plan(rows, rejects, rows_read, checkpoint)?;
         // Reconciliation must count this batch's keys as seen; taken back
         // if the transaction does not commit.
-        let newly: Vec<usize> = found
-            .iter()
-            .flatten()
-            .filter_map(|f| self.existing.see(f.position).then_some(f.position))
+        let positions = found.iter().flatten().map(|f| f.position);
+        let raw_skipped = self.raw_skipped.iter().map(|(_, position)| *position);
+        let newly: Vec<usize> = positions
+            .chain(raw_skipped)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter(|&position| self.existing.see(position))
             .collect();
         let reconcile = self.effective(reconcile);
         let prepared = if reconcile.on_missing == OnMissing::Keep {
@@ -410,6 +501,7 @@ impl RunWriter {
                 return Err(e);
             }
         };
+        self.raw_committed();
         let mut counts = batch.counts;
         outcome.written.apply(&mut counts);
         if let Some(deleted) = result
@@ -439,6 +531,7 @@ impl RunWriter {
             .apply_batch(&self.lease, &self.schema, &self.lineage, &batch)
             .await?;
         // Committed: only now does in-memory state move forward.
+        self.raw_committed();
         let mut counts = batch.counts;
         outcome.written.apply(&mut counts);
         self.counts = counts;

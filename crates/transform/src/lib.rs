@@ -78,7 +78,8 @@ use std::sync::Arc;
 use tidemark_core::record::{csv_position, CsvHeaders};
 use tidemark_core::template::TemplateContext;
 use tidemark_core::{
-    Error, FieldType, Period, Pipeline, RawData, RawRecord, RawValue, RowShape, Value,
+    Error, FieldType, Hash128, Period, Pipeline, RawData, RawHasher, RawRecord, RawValue, RowShape,
+    Value,
 };
 
 use crate::parse::Raw;
@@ -98,7 +99,15 @@ pub struct Transformer {
     types: Vec<FieldType>,
     shape: RowShape,
     key_indices: Vec<usize>,
+    /// What seeds every raw-record hash of this plan ([`RawHasher`]).
+    raw_seed: Hash128,
 }
+
+/// Bumped whenever typing changes in a way the compiled plan's text does
+/// not show, so that raw hashes stored by an earlier build no longer match
+/// and every row is typed again once (the package version is in the seed
+/// too; this covers changes between releases).
+const RAW_HASH_VERSION: u32 = 1;
 
 impl Transformer {
     /// Compiles the `[fields]` plan for one source and period: selectors,
@@ -140,6 +149,7 @@ impl Transformer {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Transformer {
+            raw_seed: raw_seed(&columns, &key_indices),
             names: columns.iter().map(|c| c.name.clone()).collect(),
             types: columns.iter().map(|c| c.parser.ty).collect(),
             shape: RowShape::new(columns.iter().map(|c| (c.name.as_str(), c.parser.ty))),
@@ -166,6 +176,39 @@ impl Transformer {
     /// Indices (into the columns) of the natural key, in `load.key` order.
     pub fn key_indices(&self) -> &[usize] {
         &self.key_indices
+    }
+
+    /// A hasher of raw records seeded with this plan: see [`RawHasher`].
+    pub fn raw_hasher(&self) -> RawHasher {
+        RawHasher::new(self.raw_seed)
+    }
+
+    /// The natural-key hash of a record, typing only the key's columns
+    /// (what finds the stored row before the rest is typed); `None` when a
+    /// key column does not type, is empty, or the record is malformed: the
+    /// full typing then reports it. Equal to the [`Row::key_hash`] that
+    /// [`Transformer::transform_noting`] would give, by the same steps.
+    pub fn key_hash_of(&self, record: &RawRecord, presence: &mut Presence) -> Option<Hash128> {
+        if record.decode_error().is_some() {
+            return None;
+        }
+        let positions = record
+            .csv_headers()
+            .map(|headers| presence.csv_positions(headers, &self.columns));
+        let from_csv = positions.is_some();
+        let mut values = Vec::with_capacity(self.key_indices.len());
+        for &i in &self.key_indices {
+            let column = self.columns.get(i)?;
+            let position = positions.and_then(|p| p.get(i).copied());
+            let value = column_value(column, record, from_csv, None, position).ok()?;
+            if value.is_null() {
+                return None;
+            }
+            values.push((*self.types.get(i)?, value));
+        }
+        Some(tidemark_core::value::key_hash(
+            values.iter().map(|(ty, v)| (*ty, v)),
+        ))
     }
 
     /// Types one raw record. A row the reader could not decode fails with
@@ -251,6 +294,20 @@ impl Transformer {
         }
         Ok(Row::new(&self.shape, &self.key_indices, values))
     }
+}
+
+/// The seed of a plan's raw hashes: the compiled columns as their debug
+/// text (names, selectors, types, formats, the timezone, defaults,
+/// `required`, `value` constants as rendered for this period), the key,
+/// the package version and [`RAW_HASH_VERSION`]. Any change to them
+/// changes every raw hash; the text is never stored, only its hash, so a
+/// different rendering in another build only costs one re-typing.
+fn raw_seed(columns: &[Column], key_indices: &[usize]) -> Hash128 {
+    let text = format!(
+        "tidemark {} raw {RAW_HASH_VERSION}\n{columns:?}\n{key_indices:?}",
+        env!("CARGO_PKG_VERSION")
+    );
+    Hash128(xxhash_rust::xxh3::xxh3_128(text.as_bytes()))
 }
 
 /// Which fields the JSON records of one batch held: in JSON and NDJSON an

@@ -641,3 +641,37 @@ fn csv_cells_follow_each_header_row_through_one_batch() {
         [Value::Int(2), text("b"), text("x")]
     );
 }
+
+/// The key typed alone hashes as the full row's key; a record whose key
+/// does not type has none. The raw hash follows the record's bytes and the
+/// plan: a changed default (same bytes) changes every raw hash.
+#[test]
+fn key_hash_alone_and_raw_hash_follow_the_plan() {
+    let fields = r#"
+id = { type = "int" }
+day = { type = "date", format = "%d.%m.%Y" }
+note = { type = "text", default = "x" }
+"#;
+    let t = transformer(fields, r#"["day", "id"]"#).expect("plan");
+    let mut presence = t.presence();
+    let record = csv(&["note", "id", "day"], &["a", " 7 ", "01.02.2024"]);
+    let row = t.transform(&record).expect("typed");
+    assert_eq!(t.key_hash_of(&record, &mut presence), Some(row.key_hash));
+    let json = json_record(json!({"id": 7, "day": "01.02.2024"}));
+    assert_eq!(t.key_hash_of(&json, &mut presence), Some(row.key_hash));
+    let bad = csv(&["note", "id", "day"], &["a", "seven", "01.02.2024"]);
+    assert_eq!(t.key_hash_of(&bad, &mut presence), None);
+    let empty = csv(&["note", "id", "day"], &["a", "", "01.02.2024"]);
+    assert_eq!(t.key_hash_of(&empty, &mut presence), None);
+
+    let raw = t.raw_hasher().hash(&record).expect("raw hash");
+    assert_eq!(t.raw_hasher().hash(&record), Some(raw), "stable");
+    let same = transformer(fields, r#"["day", "id"]"#).expect("plan");
+    assert_eq!(same.raw_hasher().hash(&record), Some(raw), "same plan");
+    let other_default =
+        transformer(&fields.replace("\"x\"", "\"y\""), r#"["day", "id"]"#).expect("plan");
+    assert_ne!(other_default.raw_hasher().hash(&record), Some(raw));
+    let other_format =
+        transformer(&fields.replace("%d.%m.%Y", "%d/%m/%Y"), r#"["day", "id"]"#).expect("plan");
+    assert_ne!(other_format.raw_hasher().hash(&record), Some(raw));
+}

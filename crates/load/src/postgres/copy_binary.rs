@@ -28,8 +28,9 @@ pub(super) struct LineageValues<'a> {
 
 const SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
 
-/// Rows (values, then the lineage columns in table order) as one binary
-/// `COPY` stream, header and trailer included.
+/// Rows (values, then the lineage columns in table order, then the
+/// raw-record hash) as one binary `COPY` stream, header and trailer
+/// included.
 pub(super) fn encode_rows(
     rows: &[(&Row, Write)],
     schema: &TableSchema,
@@ -39,7 +40,7 @@ pub(super) fn encode_rows(
     buf.extend_from_slice(SIGNATURE);
     buf.extend_from_slice(&0i32.to_be_bytes()); // flags: no OIDs
     buf.extend_from_slice(&0i32.to_be_bytes()); // no header extension
-    let fields = rows.first().map_or(0, |(row, _)| row.values.len()) + 6;
+    let fields = rows.first().map_or(0, |(row, _)| row.values.len()) + 7;
     let fields = i16::try_from(fields).map_err(|_| Error::Database {
         message: format!("table {} has too many columns for COPY", schema.table),
         transient: false,
@@ -51,6 +52,9 @@ pub(super) fn encode_rows(
         }
         encode_lineage(&mut buf, lineage, row.row_hash.hex().as_str())
             .map_err(|(name, why)| encode_error(schema, row, name, why))?;
+        let raw_hash = row.raw_hash.map(|h| h.hex());
+        field(&mut buf, &raw_hash.as_ref().map(|h| h.as_str()))
+            .map_err(|why| encode_error(schema, row, crate::schema::RAW_HASH, why))?;
     }
     buf.extend_from_slice(&(-1i16).to_be_bytes());
     Ok(std::mem::take(&mut *buf))
@@ -184,7 +188,8 @@ mod tests {
         assert!(bytes.starts_with(SIGNATURE));
         assert_eq!(
             &bytes[SIGNATURE.len() + 8..SIGNATURE.len() + 10],
-            &8i16.to_be_bytes()
+            &9i16.to_be_bytes(),
+            "two values, six lineage columns, the raw hash"
         );
         assert!(bytes.ends_with(&(-1i16).to_be_bytes()));
     }

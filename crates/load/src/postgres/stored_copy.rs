@@ -14,7 +14,7 @@ use tidemark_core::{Error, FieldType, Hash128, Value};
 use super::driver::PgTx;
 use super::PgStore;
 use crate::db_error::DbResultExt;
-use crate::schema::{quote, stored_key_from_text, TableSchema};
+use crate::schema::{quote, stored_key_from_text, TableSchema, RAW_HASH};
 use crate::stored::StoredHashes;
 use crate::writer::{Lineage, StoredRow};
 
@@ -26,6 +26,9 @@ struct LiveRow {
     /// `None` for a row hash that is not one of ours (the row is then
     /// rewritten, never skipped).
     row_hash: Option<Hash128>,
+    /// `None` when the row has no raw-record hash (written before the
+    /// column existed, or by a path that does not know it).
+    raw_hash: Option<Hash128>,
     written_by_run: bool,
 }
 
@@ -68,6 +71,7 @@ pub(super) async fn stored_rows(
         Some(row_hash) => each(StoredRow {
             key: row.key,
             row_hash,
+            raw_hash: row.raw_hash,
             written_by_run: row.written_by_run,
         }),
         None => Ok(()),
@@ -162,7 +166,7 @@ fn copy_sql(schema: &TableSchema, compare_run_id: bool) -> String {
         "0"
     };
     format!(
-        "COPY (SELECT {}, _tm_row_hash, {written_by_run} FROM {} WHERE _tm_source = current_setting('tidemark.source') \
+        "COPY (SELECT {}, _tm_row_hash, {written_by_run}, {RAW_HASH} FROM {} WHERE _tm_source = current_setting('tidemark.source') \
          AND _tm_export_type = current_setting('tidemark.export_type') \
          AND _tm_period_start = current_setting('tidemark.period_start')::timestamptz{live}) TO STDOUT",
         keys.join(", "),
@@ -170,8 +174,8 @@ fn copy_sql(schema: &TableSchema, compare_run_id: bool) -> String {
     )
 }
 
-/// One `COPY` text line: key fields, the row hash, and 1 if this run wrote
-/// the row.
+/// One `COPY` text line: key fields, the row hash, 1 if this run wrote
+/// the row, and the raw-record hash (`\\N` when none).
 fn parse_line(schema: &TableSchema, types: &[FieldType], line: &[u8]) -> Result<LiveRow, Error> {
     let mut fields = line.split(|&b| b == b'\t');
     let mut values = Vec::with_capacity(types.len());
@@ -185,10 +189,16 @@ fn parse_line(schema: &TableSchema, types: &[FieldType], line: &[u8]) -> Result<
         .and_then(|f| std::str::from_utf8(f).ok())
         .and_then(Hash128::from_hex);
     let written_by_run = fields.next() == Some(b"1");
+    let raw_hash = fields
+        .next()
+        .and_then(|f| std::str::from_utf8(f).ok())
+        .and_then(Hash128::from_hex)
+        .filter(|h| h.0 != 0);
     Ok(LiveRow {
         values,
         key,
         row_hash,
+        raw_hash,
         written_by_run,
     })
 }

@@ -21,7 +21,7 @@ use super::copy_binary::{encode_rows, LineageValues};
 use super::driver::PgTx;
 use super::PgStore;
 use crate::db_error::DbResultExt;
-use crate::schema::{compare_columns, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
+use crate::schema::{compare_columns, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS, RAW_HASH};
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, WriteCounts};
 
 /// The PostgreSQL type of a field type.
@@ -89,6 +89,7 @@ async fn create_table(tx: &mut PgTx, schema: &TableSchema) -> Result<(), Error> 
             .iter()
             .map(|c| format!("{c} {}", lineage_type(c))),
     );
+    columns.push(format!("{RAW_HASH} text"));
     if schema.soft_delete {
         columns.push(format!("{DELETED_AT} timestamptz"));
     }
@@ -187,6 +188,16 @@ async fn check_table(tx: &mut PgTx, schema: &TableSchema) -> Result<(), Error> {
             tracing::info!(table = %schema.table, column = %schema.columns[i].0, "added column (new field)");
         }
     }
+    if check.add_raw_hash {
+        tx.query(&format!(
+            "ALTER TABLE {} ADD COLUMN {RAW_HASH} text",
+            quote(&schema.table)
+        ))
+        .execute(tx.connection())
+        .await
+        .db()?;
+        tracing::info!(table = %schema.table, column = RAW_HASH, "added column (raw-record hash)");
+    }
     if schema.soft_delete && !actual.iter().any(|(n, _)| n == DELETED_AT) {
         tx.query(&format!(
             "ALTER TABLE {} ADD COLUMN {DELETED_AT} timestamptz",
@@ -230,6 +241,7 @@ pub(super) fn copy_data(
 fn column_list(schema: &TableSchema) -> String {
     let mut names: Vec<String> = schema.columns.iter().map(|(n, _)| quote(n)).collect();
     names.extend(LINEAGE_COLUMNS.iter().map(ToString::to_string));
+    names.push(RAW_HASH.to_string());
     names.join(", ")
 }
 
@@ -312,6 +324,10 @@ async fn merge_through_stage(
             .iter()
             .map(|c| format!("{c} = EXCLUDED.{c}")),
     );
+    // Written with the row, never compared: a row whose raw record changed
+    // but whose typed values did not stays as it is (its stored raw hash
+    // then no longer matches, so its record is typed next time).
+    sets.push(format!("{RAW_HASH} = EXCLUDED.{RAW_HASH}"));
     let mut differs = String::from(
         "t._tm_row_hash IS DISTINCT FROM EXCLUDED._tm_row_hash
          OR t._tm_source IS DISTINCT FROM EXCLUDED._tm_source

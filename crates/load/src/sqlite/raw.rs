@@ -17,7 +17,7 @@ use tidemark_core::{Error, FieldType, Hash128, Row, Value};
 use super::table::{key_list, live_rows_of_run_key, Stamp};
 use crate::db_error::{raw_sqlite_error, DbResultExt};
 use crate::schema::{
-    bad_stored_key, quote, stored_key_from_text, TableSchema, DELETED_AT, LINEAGE_COLUMNS,
+    bad_stored_key, quote, stored_key_from_text, TableSchema, DELETED_AT, LINEAGE_COLUMNS, RAW_HASH,
 };
 use crate::stored::StoredHashes;
 use crate::writer::{Lineage, StoredRow, Write, WriteCounts};
@@ -26,7 +26,8 @@ use super::ffi::BorrowingStatement;
 pub(super) use crate::blocking;
 
 /// Parameter numbers shared by the insert and update statements: `?1..?n`
-/// are the `[fields]` values, then the lineage columns in table order.
+/// are the `[fields]` values, then the lineage columns in table order,
+/// then the raw-record hash.
 struct Params {
     fields: usize,
 }
@@ -38,12 +39,16 @@ impl Params {
     fn row_hash(&self) -> usize {
         self.lineage(4)
     }
+    fn raw_hash(&self) -> usize {
+        self.lineage(LINEAGE_COLUMNS.len())
+    }
 }
 
 /// `INSERT` of one row: values and lineage.
 fn insert_sql(schema: &TableSchema) -> String {
     let mut names: Vec<String> = schema.columns.iter().map(|(n, _)| quote(n)).collect();
     names.extend(LINEAGE_COLUMNS.iter().map(ToString::to_string));
+    names.push(RAW_HASH.to_string());
     let marks: Vec<String> = (1..=names.len()).map(|i| format!("?{i}")).collect();
     format!(
         "INSERT INTO {} ({}) VALUES ({})",
@@ -91,6 +96,8 @@ fn update_sql(schema: &TableSchema, only_if_different: bool) -> String {
             .enumerate()
             .map(|(i, c)| format!("{c} = ?{}", p.lineage(i))),
     );
+    // Written with the row, never compared (see the PostgreSQL merge).
+    sets.push(format!("{RAW_HASH} = ?{}", p.raw_hash()));
     if schema.soft_delete {
         sets.push(format!("{DELETED_AT} = NULL"));
     }
@@ -169,6 +176,12 @@ impl<'c, 'd> RowStatement<'c, 'd> {
         }
         self.statement
             .bind_text(self.params.row_hash(), texts.next())?;
+        match row.raw_hash {
+            Some(_) => self
+                .statement
+                .bind_text(self.params.raw_hash(), texts.next())?,
+            None => self.statement.bind_null(self.params.raw_hash())?,
+        }
         self.statement.execute()
     }
 }
@@ -272,6 +285,10 @@ impl Rendered {
             }
             rendered.text.push_str(row.row_hash.hex().as_str());
             rendered.ends.push(rendered.text.len());
+            if let Some(raw_hash) = row.raw_hash {
+                rendered.text.push_str(raw_hash.hex().as_str());
+                rendered.ends.push(rendered.text.len());
+            }
         }
         rendered
     }
@@ -440,6 +457,7 @@ pub(super) fn stored_rows(
             Some(row_hash) => each(StoredRow {
                 key,
                 row_hash,
+                raw_hash: row.raw_hash,
                 written_by_run: row.written_by_run,
             }),
             None => Ok(()),
@@ -491,6 +509,8 @@ struct LiveRow {
     /// `None` for a row hash that is not one of ours (the row is then
     /// rewritten, never skipped).
     row_hash: Option<Hash128>,
+    /// `None` when the row has no raw-record hash.
+    raw_hash: Option<Hash128>,
     written_by_run: bool,
     rowid: i64,
 }
@@ -505,7 +525,7 @@ fn scan(
     mut each: impl FnMut(Hash128, LiveRow) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let sql = format!(
-        "SELECT {}, _tm_row_hash, _tm_run_id = ?, rowid FROM {} WHERE {}",
+        "SELECT {}, _tm_row_hash, _tm_run_id = ?, rowid, {RAW_HASH} FROM {} WHERE {}",
         key_list(schema),
         quote(&schema.table),
         live_rows_of_run_key(schema)
@@ -525,8 +545,16 @@ fn scan(
             ValueRef::Text(hex) => std::str::from_utf8(hex).ok().and_then(Hash128::from_hex),
             _ => None,
         };
+        let raw_hash = match row.get_ref(hash_column + 3).db()? {
+            ValueRef::Text(hex) => std::str::from_utf8(hex)
+                .ok()
+                .and_then(Hash128::from_hex)
+                .filter(|h| h.0 != 0),
+            _ => None,
+        };
         let live = LiveRow {
             row_hash,
+            raw_hash,
             written_by_run: row.get::<_, Option<i64>>(hash_column + 1).db()? == Some(1),
             rowid: row.get(hash_column + 2).db()?,
         };
@@ -582,6 +610,7 @@ mod tests {
         let conn = Connection::open_in_memory().expect("in-memory database");
         let mut columns: Vec<String> = schema.columns.iter().map(|(n, _)| quote(n)).collect();
         columns.extend(LINEAGE_COLUMNS.iter().map(ToString::to_string));
+        columns.push(RAW_HASH.to_string());
         conn.execute_batch(&format!(
             "CREATE TABLE items ({}, UNIQUE (id))",
             columns.join(", ")

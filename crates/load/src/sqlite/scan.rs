@@ -20,7 +20,7 @@ use tidemark_core::Error;
 use super::{raw, SqliteStore, BUSY_TIMEOUT};
 use crate::db_error::DbResultExt;
 use crate::schema::TableSchema;
-use crate::stored::{self, Scanned, StoredHashes};
+use crate::stored::{self, Hashes, Scanned, StoredHashes};
 use crate::writer::Lineage;
 
 /// Pairs per message: 256 KiB, one write of the arrival file.
@@ -148,7 +148,7 @@ fn scan(
     let mut gone = false;
     let mut chunk = Vec::with_capacity(CHUNK);
     let read = raw::stored_rows(&conn, schema, lineage, None, |row| {
-        chunk.push((row.key, row.row_hash));
+        chunk.push((row.key, Hashes::new(row.row_hash, row.raw_hash)));
         if chunk.len() == CHUNK {
             let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
             if to.send(Scanned::Rows(full)).is_err() {

@@ -14,7 +14,7 @@ use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, FieldType};
 
 use crate::db_error::DbResultExt;
-use crate::schema::{compare_columns, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS};
+use crate::schema::{compare_columns, quote, TableSchema, DELETED_AT, LINEAGE_COLUMNS, RAW_HASH};
 use crate::writer::Lineage;
 
 /// The declared SQLite type of a field type, for new tables. Every type
@@ -79,6 +79,7 @@ async fn create_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Resu
         .map(|(name, ty)| format!("{} {}", quote(name), sql_type(*ty)))
         .collect();
     columns.extend(LINEAGE_COLUMNS.iter().map(|c| format!("{c} TEXT NOT NULL")));
+    columns.push(format!("{RAW_HASH} TEXT"));
     if schema.soft_delete {
         columns.push(format!("{DELETED_AT} TEXT"));
     }
@@ -159,6 +160,13 @@ async fn check_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Resul
         .await
         .db()?;
         tracing::info!(table = %schema.table, column = %name, "added column (new field)");
+    }
+    if check.add_raw_hash {
+        sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {RAW_HASH} TEXT"))
+            .execute(&mut *conn)
+            .await
+            .db()?;
+        tracing::info!(table = %schema.table, column = RAW_HASH, "added column (raw-record hash)");
     }
     if schema.soft_delete && !actual.iter().any(|(n, _)| n == DELETED_AT) {
         sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {DELETED_AT} TEXT"))

@@ -3,11 +3,13 @@
 
 use tidemark_core::Hash128;
 
-/// `(key hash, row hash)` of the run key's live rows when the attempt
-/// started, sorted by key, with one "seen by this run" bit each.
+use super::Hashes;
+
+/// `(key hash, row and raw hashes)` of the run key's live rows when the
+/// attempt started, sorted by key, with one "seen by this run" bit each.
 ///
 /// Memory is what matters here: a re-sync of a 1,000,000-row period holds
-/// one entry per row. A sorted vector costs 32 bytes an entry with no
+/// one entry per row. A sorted vector costs 48 bytes an entry with no
 /// hash-table slack; the seen bit replaces a hash-set entry (~35 bytes) for
 /// every key the run key already had. Lookups go through a directory on the
 /// top bits of the key hash (uniformly distributed), so finding a key costs
@@ -15,7 +17,7 @@ use tidemark_core::Hash128;
 /// search over the whole vector: a re-sync looks up every row it reads.
 #[derive(Debug, Default)]
 pub(crate) struct InMemory {
-    pairs: Vec<(Hash128, Hash128)>,
+    pairs: Vec<(Hash128, Hashes)>,
     /// `directory[b]` is the index of the first pair whose key's top bits
     /// are `>= b`; one more entry than there are buckets.
     directory: Vec<u32>,
@@ -23,10 +25,12 @@ pub(crate) struct InMemory {
     shift: u32,
     seen: Vec<u64>,
     unseen: usize,
+    /// Some entry has a raw-record hash.
+    raw: bool,
 }
 
 impl InMemory {
-    pub(crate) fn new(mut pairs: Vec<(Hash128, Hash128)>) -> Self {
+    pub(crate) fn new(mut pairs: Vec<(Hash128, Hashes)>) -> Self {
         pairs.sort_unstable_by_key(|(key, _)| *key);
         pairs.dedup_by_key(|(key, _)| *key);
         pairs.shrink_to_fit();
@@ -45,6 +49,7 @@ impl InMemory {
         directory.push(index(pairs.len()));
         let unseen = pairs.len();
         InMemory {
+            raw: pairs.iter().any(|(_, h)| h.raw().is_some()),
             seen: vec![0; pairs.len().div_ceil(64)],
             pairs,
             directory,
@@ -66,13 +71,28 @@ impl InMemory {
 
     /// The stored row hash at `position`.
     pub(crate) fn row_hash(&self, position: usize) -> Hash128 {
+        self.pairs[position].1.row
+    }
+
+    /// The stored hashes at `position`.
+    pub(crate) fn hashes(&self, position: usize) -> Hashes {
         self.pairs[position].1
+    }
+
+    /// Whether some entry has a raw-record hash.
+    pub(crate) fn has_raw_hashes(&self) -> bool {
+        self.raw
     }
 
     /// Records that the run saw this key again, with this row hash now in
     /// the table (so a later duplicate compares against what is stored).
+    /// A row hash other than the stored one drops the stored raw hash: the
+    /// table now holds a row typed from another record.
     pub(crate) fn saw(&mut self, position: usize, row_hash: Hash128) {
-        self.pairs[position].1 = row_hash;
+        let stored = &mut self.pairs[position].1;
+        if stored.row != row_hash {
+            *stored = Hashes::new(row_hash, None);
+        }
         let (word, bit) = (position / 64, 1u64 << (position % 64));
         if self.seen[word] & bit == 0 {
             self.seen[word] |= bit;
@@ -144,7 +164,7 @@ mod tests {
     #[test]
     fn finds_every_stored_key_and_no_other() {
         for n in [0u128, 1, 2, 3, 7, 64, 65, 1000] {
-            let pairs = (0..n).map(|i| (spread(i), Hash128(i))).collect();
+            let pairs = (0..n).map(|i| (spread(i), Hash128(i).into())).collect();
             let stored = InMemory::new(pairs);
             assert_eq!(stored.len(), usize::try_from(n).unwrap());
             for i in 0..n {
@@ -160,7 +180,9 @@ mod tests {
 
     #[test]
     fn seen_bits_track_what_vanished() {
-        let pairs = (0..100u128).map(|i| (spread(i), Hash128(i))).collect();
+        let pairs = (0..100u128)
+            .map(|i| (spread(i), Hashes::new(Hash128(i), Some(Hash128(7)))))
+            .collect();
         let mut stored = InMemory::new(pairs);
         assert_eq!(stored.unseen(), 100);
         for i in 0..99 {
@@ -175,5 +197,9 @@ mod tests {
         let at = stored.position(spread(5)).unwrap();
         assert!(stored.was_seen(at));
         assert_eq!(stored.row_hash(at), Hash128(1005));
+        assert_eq!(stored.hashes(at).raw(), None, "rewritten: no raw hash");
+        let at = stored.position(spread(99)).unwrap();
+        stored.saw(at, Hash128(99));
+        assert_eq!(stored.hashes(at).raw(), Some(Hash128(7)), "unchanged: kept");
     }
 }

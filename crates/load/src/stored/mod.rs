@@ -22,9 +22,63 @@ use tidemark_core::{Error, Hash128, KeySet};
 
 pub(crate) use memory::InMemory;
 
-/// Bytes an in-memory entry costs: the pair (32), its share of the
-/// directory (2 to 4) and its seen bit, rounded up.
-const MEMORY_ENTRY: u64 = 40;
+/// Bytes an in-memory entry costs: the key and its [`Hashes`] (48), its
+/// share of the directory (2 to 4) and its seen bit, rounded up.
+const MEMORY_ENTRY: u64 = 56;
+
+/// What is stored for a key besides it: the row hash that decides whether
+/// a typed row changed, and the raw-record hash that lets an unchanged
+/// raw record skip typing (ADR 0021, "The raw-record hash"). 32 bytes:
+/// the raw hash is `Hash128(0)` when the row has none (a row written
+/// before the column existed); a computed raw hash is never 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hashes {
+    pub row: Hash128,
+    raw: Hash128,
+}
+
+impl Hashes {
+    pub(crate) fn new(row: Hash128, raw: Option<Hash128>) -> Hashes {
+        Hashes {
+            row,
+            raw: raw.unwrap_or(Hash128(0)),
+        }
+    }
+
+    /// The stored raw hash, if the row has one.
+    pub(crate) fn raw(self) -> Option<Hash128> {
+        (self.raw.0 != 0).then_some(self.raw)
+    }
+
+    /// Row hash then raw hash, big-endian: how the spill files hold them.
+    pub(crate) fn to_bytes(self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        out[..16].copy_from_slice(&self.row.to_bytes());
+        out[16..].copy_from_slice(&self.raw.to_bytes());
+        out
+    }
+
+    /// Reads [`Hashes::to_bytes`] from the start of `bytes`.
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Hashes {
+        let at = |from: usize| {
+            let mut b = [0u8; 16];
+            b.copy_from_slice(&bytes[from..from + 16]);
+            Hash128(u128::from_be_bytes(b))
+        };
+        Hashes {
+            row: at(0),
+            raw: at(16),
+        }
+    }
+}
+
+#[cfg(test)]
+impl From<Hash128> for Hashes {
+    /// A row hash without a raw hash, as the tests mostly store.
+    fn from(row: Hash128) -> Hashes {
+        Hashes::new(row, None)
+    }
+}
 
 /// Bytes a key this run wrote before a crash costs while it is collected.
 const OURS_ENTRY: u64 = 16;
@@ -39,8 +93,8 @@ const STREAM_AFTER: u64 = 65_536;
 /// What a scan on another thread sends, in the order it reads the rows.
 #[derive(Debug)]
 pub(crate) enum Scanned {
-    /// The next stored `(key hash, row hash)` pairs.
-    Rows(Vec<(Hash128, Hash128)>),
+    /// The next stored `(key hash, hashes)` pairs.
+    Rows(Vec<(Hash128, Hashes)>),
     /// Every row was read.
     End,
     /// The scan failed; nothing follows.
@@ -69,8 +123,8 @@ pub(crate) fn streamed(incoming: Receiver<Scanned>, budget: u64) -> Result<Store
             Some(Scanned::Rows(pairs)) => first.extend(pairs),
             Some(Scanned::End) => {
                 let mut builder = Builder::new(budget);
-                for (key, row_hash) in first {
-                    builder.push(key, row_hash, false)?;
+                for (key, hashes) in first {
+                    builder.push(key, hashes, false)?;
                 }
                 return builder.finish();
             }
@@ -83,6 +137,7 @@ pub(crate) fn streamed(incoming: Receiver<Scanned>, budget: u64) -> Result<Store
         "comparing while the stored rows are read"
     );
     let mut file = spill::Spilled::streaming(incoming, budget)?;
+    file.note_raw(first.iter().any(|(_, h)| h.raw().is_some()));
     file.append(&first)?;
     Ok(StoredHashes::Spilled(Box::new(file)))
 }
@@ -95,6 +150,20 @@ pub(crate) struct Found {
     /// The row hash to compare with; `None` when this run has written the
     /// row since it started (the database then compares).
     pub row_hash: Option<Hash128>,
+    /// The stored raw-record hash; `None` when the row has none, or
+    /// whenever `row_hash` is `None` (the table may hold another row now).
+    pub raw_hash: Option<Hash128>,
+}
+
+impl Found {
+    /// `hashes` as found at `position`; `stale` once this run wrote the row.
+    pub(crate) fn at(position: usize, hashes: Hashes, stale: bool) -> Found {
+        Found {
+            position,
+            row_hash: (!stale).then_some(hashes.row),
+            raw_hash: hashes.raw().filter(|_| !stale),
+        }
+    }
 }
 
 /// The run key's stored hashes, in memory or in a file.
@@ -118,10 +187,8 @@ impl StoredHashes {
             StoredHashes::Memory(m) => Ok(keys
                 .iter()
                 .map(|&key| {
-                    m.position(key).map(|position| Found {
-                        position,
-                        row_hash: Some(m.row_hash(position)),
-                    })
+                    m.position(key)
+                        .map(|position| Found::at(position, m.hashes(position), false))
                 })
                 .collect()),
             StoredHashes::Spilled(s) => s.find_all(keys),
@@ -224,6 +291,16 @@ impl StoredHashes {
         }
     }
 
+    /// Whether some stored row carries a raw-record hash (of the rows read
+    /// so far, for a scan still going on): without one, no record can
+    /// skip its typing, and deferring it would only cost.
+    pub(crate) fn has_raw_hashes(&self) -> bool {
+        match self {
+            StoredHashes::Memory(m) => m.has_raw_hashes(),
+            StoredHashes::Spilled(s) => s.has_raw_hashes(),
+        }
+    }
+
     /// Whether the pairs went to a file.
     pub(crate) fn spilled(&self) -> bool {
         matches!(self, StoredHashes::Spilled(_))
@@ -236,7 +313,7 @@ impl StoredHashes {
 #[derive(Debug)]
 pub(crate) struct Builder {
     budget: u64,
-    pairs: Vec<(Hash128, Hash128)>,
+    pairs: Vec<(Hash128, Hashes)>,
     /// Keys this run wrote before (a resumed attempt): seen already.
     ours: Vec<Hash128>,
     file: Option<spill::Writer>,
@@ -260,20 +337,30 @@ impl Builder {
     pub(crate) fn push(
         &mut self,
         key: Hash128,
-        row_hash: Hash128,
+        hashes: impl Into<Hashes>,
         ours: bool,
     ) -> Result<(), Error> {
+        let hashes = hashes.into();
         if let Some(file) = self.file.as_mut() {
-            return file.push(key, row_hash, ours);
+            return file.push(key, hashes, ours);
         }
         if self.pairs.len() == self.pairs.capacity() {
-            // Grow by doubling, never past what the budget holds.
+            // Grow by doubling, never past what the budget holds. A full
+            // vector that could not double within the budget goes to the
+            // file instead of growing once more: the copy of a growth holds
+            // the old and the new vector at once, which near the budget
+            // was the period's peak RSS (ADR 0021, "The raw-record hash").
             let most = usize::try_from(self.budget / MEMORY_ENTRY).unwrap_or(usize::MAX);
-            let want = (self.pairs.len() * 2).max(1024).min(most.max(1));
+            let doubled = (self.pairs.len() * 2).max(1024);
+            if doubled > most && self.pairs.len() >= 1024 {
+                self.spill()?;
+                return self.push(key, hashes, ours);
+            }
+            let want = doubled.min(most.max(1));
             self.pairs
                 .reserve_exact(want.saturating_sub(self.pairs.len()).max(1));
         }
-        self.pairs.push((key, row_hash));
+        self.pairs.push((key, hashes));
         if ours {
             self.ours.push(key);
         }
@@ -288,8 +375,8 @@ impl Builder {
     fn spill(&mut self) -> Result<(), Error> {
         let mut file = spill::Writer::new()?;
         let ours: KeySet = self.ours.drain(..).collect();
-        for (key, row_hash) in std::mem::take(&mut self.pairs) {
-            file.push(key, row_hash, ours.contains(&key))?;
+        for (key, hashes) in std::mem::take(&mut self.pairs) {
+            file.push(key, hashes, ours.contains(&key))?;
         }
         self.file = Some(file);
         Ok(())
@@ -332,7 +419,7 @@ mod tests {
             let mut memory = build(u64::MAX, n, |i| i % 7 == 0);
             let mut file = build(3000, n, |i| i % 7 == 0);
             assert!(!memory.spilled());
-            assert_eq!(file.spilled(), n * 40 >= 3000, "n = {n}");
+            assert_eq!(file.spilled(), n * 56 >= 3000, "n = {n}");
             assert_eq!(memory.len(), file.len());
             assert_eq!(memory.unseen(), file.unseen(), "n = {n}");
             let keys: Vec<Hash128> = (0..n + 50).map(spread).collect();
@@ -457,7 +544,8 @@ mod tests {
     fn scan_of(n: u128, chunk: usize, fail: bool) -> Receiver<Scanned> {
         let (to, incoming) = std::sync::mpsc::sync_channel(2);
         std::thread::spawn(move || {
-            let pairs: Vec<(Hash128, Hash128)> = (0..n).map(|i| (spread(i), Hash128(i))).collect();
+            let pairs: Vec<(Hash128, Hashes)> =
+                (0..n).map(|i| (spread(i), Hash128(i).into())).collect();
             for part in pairs.chunks(chunk) {
                 std::thread::sleep(std::time::Duration::from_millis(1));
                 if to.send(Scanned::Rows(part.to_vec())).is_err() {

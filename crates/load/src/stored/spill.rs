@@ -2,7 +2,8 @@
 //! rows do not fit in the memory budget (ADR 0007, ADR 0021).
 //!
 //! The pairs are written to an anonymous temporary file in the order the
-//! database returned them (32-byte entries), which for a table tidemark
+//! database returned them (48-byte entries: key, row and raw-record
+//! hashes), which for a table tidemark
 //! loaded is the order the source listed them: a re-sync of an unchanged
 //! export asks for the keys in the same order. A lookup therefore first
 //! compares the entry at a cursor that follows the source (and a few after
@@ -35,18 +36,19 @@ use std::sync::Mutex;
 
 use tidemark_core::{Error, Hash128, KeySet};
 
-use super::{scan_stopped, Found, Scanned};
+use super::{scan_stopped, Found, Hashes, Scanned};
 
 /// Entries per block of the sorted file: one `pread` per fallback lookup.
 const BLOCK: usize = 64;
 
-/// An arrival-file entry: key hash, row hash (both big-endian).
-const ENTRY: usize = 32;
+/// An arrival-file entry: key hash, row hash, raw hash (all big-endian;
+/// [`Hashes::to_bytes`]).
+const ENTRY: usize = 48;
 
-/// A sorted-file entry: key hash, arrival position, row hash (big-endian,
-/// so that byte order is key order, then arrival order for a key stored
-/// twice).
-const SORTED_ENTRY: usize = 40;
+/// A sorted-file entry: key hash, arrival position, row hash, raw hash
+/// (big-endian, so that byte order is key order, then arrival order for a
+/// key stored twice).
+const SORTED_ENTRY: usize = 56;
 
 /// Entries the cursor's window holds: 128 KiB, read sequentially.
 const WINDOW: usize = 4096;
@@ -103,6 +105,8 @@ pub(crate) struct Writer {
     /// Rows this run wrote before (a resumed attempt): seen already.
     seen: Vec<u64>,
     unseen: usize,
+    /// Some entry has a raw-record hash.
+    raw: bool,
 }
 
 impl Writer {
@@ -112,19 +116,16 @@ impl Writer {
             len: 0,
             seen: Vec::new(),
             unseen: 0,
+            raw: false,
         })
     }
 
     /// Appends the next stored row; `ours` when this run wrote it.
-    pub(crate) fn push(
-        &mut self,
-        key: Hash128,
-        row_hash: Hash128,
-        ours: bool,
-    ) -> Result<(), Error> {
+    pub(crate) fn push(&mut self, key: Hash128, hashes: Hashes, ours: bool) -> Result<(), Error> {
         let mut entry = [0u8; ENTRY];
         entry[..16].copy_from_slice(&key.to_bytes());
-        entry[16..].copy_from_slice(&row_hash.to_bytes());
+        entry[16..].copy_from_slice(&hashes.to_bytes());
+        self.raw |= hashes.raw().is_some();
         self.out
             .write_all(&entry)
             .map_err(|e| io_error("writing", e))?;
@@ -152,6 +153,7 @@ impl Writer {
             seen: self.seen,
             len: self.len,
             unseen: self.unseen,
+            raw: self.raw,
             ..Spilled::empty(file, budget)
         })
     }
@@ -183,6 +185,8 @@ pub(crate) struct Spilled {
     /// How the scan failed: every later lookup fails the same way (its
     /// rows are not all known, so no answer would be right).
     failed: Option<Error>,
+    /// Some entry has a raw-record hash.
+    raw: bool,
 }
 
 impl Spilled {
@@ -203,6 +207,7 @@ impl Spilled {
             unseen_keys: None,
             incoming: None,
             failed: None,
+            raw: false,
         }
     }
 
@@ -217,12 +222,23 @@ impl Spilled {
         })
     }
 
+    /// Records that some stored row has a raw-record hash.
+    pub(crate) fn note_raw(&mut self, raw: bool) {
+        self.raw |= raw;
+    }
+
+    /// Whether some entry read so far has a raw-record hash.
+    pub(crate) fn has_raw_hashes(&self) -> bool {
+        self.raw
+    }
+
     /// Appends stored pairs that the scan read, in its order.
-    pub(crate) fn append(&mut self, pairs: &[(Hash128, Hash128)]) -> Result<(), Error> {
+    pub(crate) fn append(&mut self, pairs: &[(Hash128, Hashes)]) -> Result<(), Error> {
         let mut bytes = Vec::with_capacity(pairs.len() * ENTRY);
-        for (key, row_hash) in pairs {
+        for (key, hashes) in pairs {
             bytes.extend_from_slice(&key.to_bytes());
-            bytes.extend_from_slice(&row_hash.to_bytes());
+            bytes.extend_from_slice(&hashes.to_bytes());
+            self.raw |= hashes.raw().is_some();
         }
         self.file
             .write_all_at(&bytes, (self.len * ENTRY) as u64)
@@ -292,11 +308,10 @@ impl Spilled {
         self.sorted.is_some()
     }
 
-    /// A found entry: `None` as the row hash once this run wrote the row
-    /// (the database then compares).
-    fn found(&self, position: usize, row: Hash128) -> Found {
-        let row_hash = (!bit(&self.written, position)).then_some(row);
-        Found { position, row_hash }
+    /// A found entry: `None` as the row hash (and the raw hash) once this
+    /// run wrote the row (the database then compares).
+    fn found(&self, position: usize, hashes: Hashes) -> Found {
+        Found::at(position, hashes, bit(&self.written, position))
     }
 
     /// Makes entries `from..from + count` (clamped to the file) readable
@@ -330,9 +345,9 @@ impl Spilled {
         for position in self.next..self.next + ahead {
             let at = (position - self.window_start) * ENTRY;
             if hash_at(&self.window[at..]) == key {
-                let row = hash_at(&self.window[at + 16..]);
+                let hashes = Hashes::from_bytes(&self.window[at + 16..]);
                 self.next = position + 1;
-                return Ok(Some(self.found(position, row)));
+                return Ok(Some(self.found(position, hashes)));
             }
         }
         Ok(None)
@@ -371,7 +386,7 @@ impl Spilled {
                 Some(sorted) => sorted.find(keys[i])?,
                 None => None,
             };
-            found[i] = hit.map(|(position, row)| self.found(position, row));
+            found[i] = hit.map(|(position, hashes)| self.found(position, hashes));
         }
         Ok(found)
     }
@@ -503,8 +518,8 @@ impl SortedIndex {
         merge(&runs, &lengths, len)
     }
 
-    /// The arrival position and row hash of `key`, if stored.
-    fn find(&mut self, key: Hash128) -> Result<Option<(usize, Hash128)>, Error> {
+    /// The arrival position and hashes of `key`, if stored.
+    fn find(&mut self, key: Hash128) -> Result<Option<(usize, Hashes)>, Error> {
         let Some(block_no) = self
             .directory
             .partition_point(|first| *first <= key)
@@ -525,7 +540,7 @@ impl SortedIndex {
                     let mut pos = [0u8; 8];
                     pos.copy_from_slice(&self.block[at + 16..at + 24]);
                     let position = usize::try_from(u64::from_be_bytes(pos)).unwrap_or(usize::MAX);
-                    return Ok(Some((position, hash_at(&self.block[at + 24..]))));
+                    return Ok(Some((position, Hashes::from_bytes(&self.block[at + 24..]))));
                 }
             }
         }
