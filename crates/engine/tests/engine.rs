@@ -731,7 +731,9 @@ async fn a_key_claimed_with_the_previous_period_but_not_started_is_handed_back()
         .map(|(a, b)| (a.to_string(), b.to_string()));
         assert_eq!(outcomes, expected, "batch size {batch_size}");
         assert_eq!(source.opens().len(), 1, "only the first period was read");
-        let ledger: Vec<(String, String, Option<String>, Option<String>, i64)> = env
+        // period_start, status, error_class, lease_owner, attempt
+        type RunRow = (String, String, Option<String>, Option<String>, i64);
+        let ledger: Vec<RunRow> = env
             .fetch(
                 "SELECT period_start, status, error_class, lease_owner, attempt FROM _tm_runs ORDER BY period_start",
             )
