@@ -123,8 +123,10 @@ pub(crate) struct ColumnCheck {
     /// Indices of fields the table lacks that may be added (see
     /// [`TableSchema::can_add`]).
     pub to_add: Vec<usize>,
-    /// The table predates [`RAW_HASH`]: it is added.
-    pub add_raw_hash: bool,
+    /// Nullable columns of tidemark's the table lacks, added to it:
+    /// [`RAW_HASH`] for a table that predates it, [`DELETED_AT`] once
+    /// `soft_delete` is turned on.
+    pub extra_to_add: Vec<&'static str>,
 }
 
 /// Compares an existing table with the pipeline: every `[fields]` column
@@ -160,7 +162,12 @@ pub(crate) fn compare_columns(
                 .push(format!("lineage column `{lineage}` is missing"));
         }
     }
-    check.add_raw_hash = !actual.iter().any(|(n, _)| n == RAW_HASH);
+    let wanted = [(RAW_HASH, true), (DELETED_AT, schema.soft_delete)];
+    check.extra_to_add = wanted
+        .into_iter()
+        .filter(|(column, wanted)| *wanted && !actual.iter().any(|(n, _)| n == column))
+        .map(|(column, _)| column)
+        .collect();
     for (name, _) in actual {
         let known = schema.columns.iter().any(|(n, _)| n == name)
             || LINEAGE_COLUMNS.contains(&name.as_str())

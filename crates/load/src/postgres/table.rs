@@ -78,6 +78,14 @@ pub(super) async fn ensure_table(store: &PgStore, schema: &TableSchema) -> Resul
     tx.commit_now().await
 }
 
+/// The type of tidemark's nullable columns ([`RAW_HASH`], [`DELETED_AT`]).
+fn extra_type(column: &str) -> &'static str {
+    match column {
+        DELETED_AT => "timestamptz",
+        _ => "text",
+    }
+}
+
 async fn create_table(tx: &mut PgTx, schema: &TableSchema) -> Result<(), Error> {
     let mut columns: Vec<String> = schema
         .columns
@@ -89,9 +97,9 @@ async fn create_table(tx: &mut PgTx, schema: &TableSchema) -> Result<(), Error> 
             .iter()
             .map(|c| format!("{c} {}", lineage_type(c))),
     );
-    columns.push(format!("{RAW_HASH} text"));
+    columns.push(format!("{RAW_HASH} {}", extra_type(RAW_HASH)));
     if schema.soft_delete {
-        columns.push(format!("{DELETED_AT} timestamptz"));
+        columns.push(format!("{DELETED_AT} {}", extra_type(DELETED_AT)));
     }
     columns.push(format!("UNIQUE ({})", key_list(schema)));
     let table = quote(&schema.table);
@@ -188,24 +196,16 @@ async fn check_table(tx: &mut PgTx, schema: &TableSchema) -> Result<(), Error> {
             tracing::info!(table = %schema.table, column = %schema.columns[i].0, "added column (new field)");
         }
     }
-    if check.add_raw_hash {
+    for column in check.extra_to_add {
         tx.query(&format!(
-            "ALTER TABLE {} ADD COLUMN {RAW_HASH} text",
-            quote(&schema.table)
+            "ALTER TABLE {} ADD COLUMN {column} {}",
+            quote(&schema.table),
+            extra_type(column)
         ))
         .execute(tx.connection())
         .await
         .db()?;
-        tracing::info!(table = %schema.table, column = RAW_HASH, "added column (raw-record hash)");
-    }
-    if schema.soft_delete && !actual.iter().any(|(n, _)| n == DELETED_AT) {
-        tx.query(&format!(
-            "ALTER TABLE {} ADD COLUMN {DELETED_AT} timestamptz",
-            quote(&schema.table)
-        ))
-        .execute(tx.connection())
-        .await
-        .db()?;
+        tracing::info!(table = %schema.table, column, "added column");
     }
     Ok(())
 }

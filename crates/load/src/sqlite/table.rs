@@ -161,18 +161,13 @@ async fn check_table(conn: &mut SqliteConnection, schema: &TableSchema) -> Resul
         .db()?;
         tracing::info!(table = %schema.table, column = %name, "added column (new field)");
     }
-    if check.add_raw_hash {
-        sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {RAW_HASH} TEXT"))
+    for column in check.extra_to_add {
+        // Both are TEXT here: SQLite stores times as RFC 3339 text.
+        sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {column} TEXT"))
             .execute(&mut *conn)
             .await
             .db()?;
-        tracing::info!(table = %schema.table, column = RAW_HASH, "added column (raw-record hash)");
-    }
-    if schema.soft_delete && !actual.iter().any(|(n, _)| n == DELETED_AT) {
-        sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {DELETED_AT} TEXT"))
-            .execute(&mut *conn)
-            .await
-            .db()?;
+        tracing::info!(table = %schema.table, column, "added column");
     }
     Ok(())
 }
