@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use support::{key, pipeline_text, records, Env, FakeSource, Hold};
-use tidemark_engine::plan::{Ask, PeriodRange};
+use tidemark_engine::plan::{Ask, PeriodRange, Planner};
 use tidemark_engine::{
     Catalog, Engine, Error, ErrorClass, ManualClock, Outcome, RunEvent, RunFlags, RunMany, Service,
     ServiceConfig, Shutdown,
@@ -359,27 +359,7 @@ async fn run_many_stops_claiming_after_a_storage_error() {
         ..FakeSource::with(records(&[("a", 1)]))
     };
     let engine = env.engine(source.clone());
-    let range = PeriodRange {
-        from: pipeline.period("2024-01-01").expect("period"),
-        to: pipeline.period("2024-01-03").expect("period"),
-    };
-    let ask = Ask::Periods {
-        range,
-        only: None,
-        force: false,
-    };
-    let planner = engine
-        .plan(
-            Arc::clone(&pipeline),
-            vec![support::SOURCE.to_string()],
-            ask,
-        )
-        .expect("plan");
-    let how = RunMany {
-        concurrency: 1,
-        force_deletes: false,
-        wait: false,
-    };
+    let (planner, how) = first_three_days(&engine, &pipeline);
     let events: Vec<RunEvent> = engine.run_many(vec![planner], how).collect().await;
 
     let mut ran = Vec::new();
@@ -417,6 +397,32 @@ async fn run_many_stops_claiming_after_a_storage_error() {
             Some("database".to_string())
         )]
     );
+}
+
+/// The plan of 2024-01-01 … 2024-01-03 from the test source, run one key
+/// at a time.
+fn first_three_days(
+    engine: &Engine,
+    pipeline: &Arc<tidemark_engine::Pipeline>,
+) -> (Planner, RunMany) {
+    let range = PeriodRange {
+        from: pipeline.period("2024-01-01").expect("period"),
+        to: pipeline.period("2024-01-03").expect("period"),
+    };
+    let ask = Ask::Periods {
+        range,
+        only: None,
+        force: false,
+    };
+    let planner = engine
+        .plan(Arc::clone(pipeline), vec![support::SOURCE.to_string()], ask)
+        .expect("plan");
+    let how = RunMany {
+        concurrency: 1,
+        force_deletes: false,
+        wait: false,
+    };
+    (planner, how)
 }
 
 fn at(rfc3339: &str) -> DateTime<Utc> {
@@ -689,27 +695,7 @@ async fn a_key_claimed_with_the_previous_period_but_not_started_is_handed_back()
             .shutdown(shutdown.clone())
             .source(support::SOURCE, Arc::new(source.clone()))
             .build();
-        let range = PeriodRange {
-            from: pipeline.period("2024-01-01").expect("period"),
-            to: pipeline.period("2024-01-03").expect("period"),
-        };
-        let ask = Ask::Periods {
-            range,
-            only: None,
-            force: false,
-        };
-        let planner = engine
-            .plan(
-                Arc::clone(&pipeline),
-                vec![support::SOURCE.to_string()],
-                ask,
-            )
-            .expect("plan");
-        let how = RunMany {
-            concurrency: 1,
-            force_deletes: false,
-            wait: false,
-        };
+        let (planner, how) = first_three_days(&engine, &pipeline);
         stop_at_done(shutdown);
         let events: Vec<RunEvent> = engine.run_many(vec![planner], how).collect().await;
         let outcomes: Vec<(String, String)> = events
