@@ -572,7 +572,7 @@ async fn a_spill_file_failure_names_the_temporary_directory(backend: Backend) {
         "{out}"
     );
     let entry = env.status_of("p", "2024-01-01").expect("ledger row");
-    assert_eq!(entry["status"], "failed", "{entry}");
-    assert_eq!(entry["error_class"], "config", "{entry}");
+    assert_eq!(entry["status"], "failed", "{entry}\n{out}");
+    assert_eq!(entry["error_class"], "config", "{entry}\n{out}");
     assert_eq!(env.db.count("FROM p").await, 2_000);
 }

@@ -136,7 +136,12 @@ async fn all_days_done(env: &Env, days: usize) {
 async fn three_processes_share_one_rate_limit() {
     let api = start_api();
     let env = setup(Backend::Postgres, &api).await;
-    let (processes, days) = (3, 15);
+    // Eight days each: at 4 requests a second the three processes' 24
+    // requests span 6 s, far more than the processes' start-up skew, so
+    // they overlap even when a tiny period costs almost nothing (with 5
+    // days each, one process could finish its block before another's
+    // first request).
+    let (processes, days) = (3, 24);
     let started = Instant::now();
     backfill_in(&env, processes, days, &[]);
     let elapsed = started.elapsed();
@@ -154,8 +159,8 @@ async fn three_processes_share_one_rate_limit() {
         busiest <= PER_SECOND + BURST,
         "{busiest} requests within one second, across the processes"
     );
-    // Alone, each process would send its 5 requests within 0.75 s; sharing
-    // one bucket, the 15 take at least (15 - 5) / 4 s together.
+    // Alone, each process would send its 8 requests within 1.5 s; sharing
+    // one bucket, the 24 take at least (24 - 5) / 4 s together.
     let shared = Duration::from_secs_f64((days - PER_SECOND - BURST) as f64 / PER_SECOND as f64);
     assert!(
         span >= shared - JITTER,

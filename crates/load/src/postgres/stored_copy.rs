@@ -8,7 +8,7 @@
 //! path of every period. `COPY` streams the same data as text lines that are
 //! parsed in place, chunk by chunk, so memory stays at one chunk.
 
-use futures_util::TryStreamExt;
+use futures_util::{Stream, TryStreamExt};
 use tidemark_core::{Error, FieldType, Hash128, Value};
 
 use super::driver::PgTx;
@@ -126,17 +126,46 @@ async fn scan(
         .copy_out_raw(&copy_sql(schema, run_id.is_some()))
         .await
         .db()?;
+    let read = read_lines(&mut stream, |line| each(parse_line(schema, &types, line)?)).await;
+    if read.is_err() {
+        drain(&mut stream).await;
+    }
+    read
+}
+
+/// Passes each line of the `COPY`'s text to `each`, chunk by chunk, until
+/// the data ends or `each` fails.
+async fn read_lines<B: AsRef<[u8]>>(
+    stream: &mut (impl Stream<Item = sqlx::Result<B>> + Unpin),
+    mut each: impl FnMut(&[u8]) -> Result<(), Error>,
+) -> Result<(), Error> {
     let mut pending: Vec<u8> = Vec::new();
     while let Some(chunk) = stream.try_next().await.db()? {
-        pending.extend_from_slice(&chunk);
+        pending.extend_from_slice(chunk.as_ref());
         let mut start = 0;
         while let Some(end) = pending[start..].iter().position(|&b| b == b'\n') {
-            each(parse_line(schema, &types, &pending[start..start + end])?)?;
+            each(&pending[start..start + end])?;
             start += end + 1;
         }
         pending.drain(..start);
     }
     Ok(())
+}
+
+/// Reads what is left of a `COPY … TO STDOUT` that stopped early (a spill
+/// file that cannot be made, a stored key that does not parse), unread.
+///
+/// sqlx does not count a `COPY` out among the answers its connection still
+/// owes: left unread, the rest of its data stays on the connection, which
+/// goes back to the pool looking idle, and the next statement on it (the
+/// attempt's own failure record, typically) reads that data as its answer
+/// and fails ("unexpected connection status", "expected ParseComplete").
+/// The attempt's end was then never written and its key stayed `running`
+/// until its lease ran out. Reading to the end leaves the connection as a
+/// finished `COPY` does; a stream that failed has already read the server's
+/// last answer, and yields nothing more.
+async fn drain<B>(stream: &mut (impl Stream<Item = sqlx::Result<B>> + Unpin)) {
+    while let Ok(Some(_)) = stream.try_next().await {}
 }
 
 /// The `COPY` of the run key's live keys, each rendered as text that
