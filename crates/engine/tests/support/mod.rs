@@ -26,6 +26,11 @@ use tidemark_engine::{
 };
 use tokio::sync::Notify;
 
+#[path = "../../../../tests/support/pg.rs"]
+mod pg;
+
+use pg::PgDatabase;
+
 /// The id of the custom source every test pipeline declares.
 pub const SOURCE: &str = "feed";
 
@@ -66,26 +71,100 @@ max_delay = "2ms"
     )
 }
 
-/// A temporary folder holding the destination database (`t.db`) and the
-/// pipeline files.
+/// A temporary folder holding the pipeline files and the destination
+/// database: a SQLite file (`t.db`), or a PostgreSQL database of its own
+/// on the test server ([`Env::postgres`]), dropped with this value.
 pub struct Env {
     pub dir: TempDir,
     pub store: Store,
+    /// Dropped after the store's connections are gone (fields drop in
+    /// order, and the database is dropped `WITH (FORCE)` anyway).
+    pg: Option<PgDatabase>,
 }
 
 impl Env {
-    /// A fresh folder and database, migrated.
+    /// A fresh folder and SQLite database, migrated.
     pub async fn new() -> Env {
         let dir = tempfile::tempdir().expect("temporary folder");
         let store = Store::connect(&db_url(dir.path()))
             .await
             .expect("connect to the SQLite store");
-        Env { dir, store }
+        Env {
+            dir,
+            store,
+            pg: None,
+        }
+    }
+
+    /// A fresh folder and a fresh PostgreSQL database, migrated: for the
+    /// few tests whose moment must also be seen on the production
+    /// database (most engine behaviour is written once above the ledger's
+    /// driver boundary, and the end-to-end suite runs both databases).
+    pub async fn postgres() -> Env {
+        let dir = tempfile::tempdir().expect("temporary folder");
+        let pg = PgDatabase::create("tm_engine").await;
+        let store = Store::connect(&pg.url)
+            .await
+            .expect("connect to the PostgreSQL store");
+        Env {
+            dir,
+            store,
+            pg: Some(pg),
+        }
+    }
+
+    /// A fresh database of either kind.
+    pub async fn on(postgres: bool) -> Env {
+        if postgres {
+            Env::postgres().await
+        } else {
+            Env::new().await
+        }
     }
 
     /// The database's URL.
     pub fn url(&self) -> String {
-        db_url(self.dir.path())
+        match &self.pg {
+            Some(pg) => pg.url.clone(),
+            None => db_url(self.dir.path()),
+        }
+    }
+
+    /// Every row `sql` returns, each column read as text (NULL as `None`),
+    /// on either database: the query casts what is not text
+    /// (`CAST(attempt AS TEXT)` reads the same on both).
+    pub async fn texts(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        use sqlx::Row as _;
+        if self.pg.is_none() {
+            let rows: Vec<SqliteRow> = self.query_sqlite(sql).await;
+            return rows
+                .iter()
+                .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
+                .collect();
+        }
+        let mut conn = sqlx::PgConnection::connect(&self.url())
+            .await
+            .expect("connect to the database");
+        let rows = sqlx::query(sql)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let _ = conn.close().await;
+        rows.iter()
+            .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
+            .collect()
+    }
+
+    async fn query_sqlite(&self, sql: &str) -> Vec<SqliteRow> {
+        let mut conn = sqlx::SqliteConnection::connect(&self.url())
+            .await
+            .expect("open the database");
+        let rows = sqlx::query(sql)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let _ = conn.close().await;
+        rows
     }
 
     /// Writes `text` as `file` of the folder.
