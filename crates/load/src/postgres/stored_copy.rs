@@ -213,15 +213,11 @@ fn parse_line(schema: &TableSchema, types: &[FieldType], line: &[u8]) -> Result<
         values.push(key_value(&schema.table, name, *ty, field)?);
     }
     let key = tidemark_core::value::key_hash(types.iter().copied().zip(values.iter()));
-    let row_hash = fields
-        .next()
-        .and_then(|f| std::str::from_utf8(f).ok())
-        .and_then(Hash128::from_hex);
+    let row_hash = fields.next().and_then(Hash128::from_hex_bytes);
     let written_by_run = fields.next() == Some(b"1");
     let raw_hash = fields
         .next()
-        .and_then(|f| std::str::from_utf8(f).ok())
-        .and_then(Hash128::from_hex)
+        .and_then(Hash128::from_hex_bytes)
         .filter(|h| h.0 != 0);
     Ok(LiveRow {
         values,

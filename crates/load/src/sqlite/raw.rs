@@ -542,14 +542,11 @@ fn scan(
     let hash_column = schema.key.len();
     while let Some(row) = rows.next().db()? {
         let row_hash = match row.get_ref(hash_column).db()? {
-            ValueRef::Text(hex) => std::str::from_utf8(hex).ok().and_then(Hash128::from_hex),
+            ValueRef::Text(hex) => Hash128::from_hex_bytes(hex),
             _ => None,
         };
         let raw_hash = match row.get_ref(hash_column + 3).db()? {
-            ValueRef::Text(hex) => std::str::from_utf8(hex)
-                .ok()
-                .and_then(Hash128::from_hex)
-                .filter(|h| h.0 != 0),
+            ValueRef::Text(hex) => Hash128::from_hex_bytes(hex).filter(|h| h.0 != 0),
             _ => None,
         };
         let live = LiveRow {
