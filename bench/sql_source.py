@@ -6,6 +6,7 @@ daily windows, against the physical pipe and two peers, in one run.
     python3 bench/sql_source.py --quick        # 100,000 rows, the same steps
     python3 bench/sql_source.py --only big     # one period of 5,000,000 rows: peak RSS
     python3 bench/sql_source.py --no-peers     # tidemark and the pipe only
+    python3 bench/sql_source.py --no-peers --repeat 3   # medians of 3 rounds, each round's ratios
 
 Every figure is a ratio to the pipe measured in the same run (rows/s are
 this machine's disk, not tidemark's):
@@ -372,23 +373,22 @@ def line(name, secs, rss, pipe, rows):
     return f"  {name:<34} {secs:8.2f} s  {rows / secs:>10,.0f} rows/s  {pipe / secs:5.2f}x pipe  peak RSS {rss:6.1f} MiB"
 
 
-def days_case(rows, backends, peers, work):
+def days_case(rows, backends, peers, work, repeat=1):
+    """The 20 daily periods. With `repeat` > 1 the pipe(s) and tidemark run
+    that many rounds, alternating; each ratio is of its own round (the pipe
+    varies by a quarter between rounds on a busy machine), the median is
+    printed with every round's value, and peak RSS is the largest seen.
+    The peers run once."""
     source, source_url = make_source(rows, DAYS)
     try:
         for backend in backends:
-            print(f"\n{backend} destination, {rows:,} rows over {DAYS} daily periods (defaults):", flush=True)
-            pipe = pipe_pg(source_url, rows) if backend == "postgres" else pipe_sqlite(source_url, rows, work)
-            print(f"  {'pipe (psql | ' + ('psql' if backend == 'postgres' else 'sqlite3') + ')':<34} {pipe:8.2f} s  "
-                  f"{rows / pipe:>10,.0f} rows/s  1.00x pipe")
-            first, first_rss, again, again_rss, written = tidemark_case(work, backend, source_url, rows, DAYS)
-            if backend == "postgres":
-                shaped = pipe_pg(source_url, rows, SHAPED_PG_TABLE, SHAPED_COLUMNS)
-                print(f"  {'pipe into tidemark table shape':<34} {shaped:8.2f} s  {rows / shaped:>10,.0f} rows/s  "
-                      f"{pipe / shaped:5.2f}x pipe  (tidemark's first load is {shaped / first:.2f}x as fast)")
-            print(line("tidemark first load", first, first_rss, pipe, rows))
-            print(line("tidemark unchanged re-sync", again, again_rss, pipe, rows)
-                  + f"  wrote {written} rows, {first / again:.2f}x faster than the first load")
+            print(f"\n{backend} destination, {rows:,} rows over {DAYS} daily periods (defaults"
+                  + (f", {repeat} rounds" if repeat > 1 else "") + "):", flush=True)
+            rounds = [days_round(work, backend, source_url, rows) for _ in range(repeat)]
+            report_rounds(rounds, backend, rows)
             if peers:
+                pipe = rounds[-1]["pipe"]
+                first = rounds[-1]["first"]
                 for name, case in (("sling", sling_case), ("dlt sql_table", dlt_case)):
                     result = case(work, backend, source_url, rows)
                     if isinstance(result, str):
@@ -398,6 +398,46 @@ def days_case(rows, backends, peers, work):
                               + f"  (tidemark's first load is {result[0] / first:.2f}x as fast)")
     finally:
         drop_pg(source)
+
+
+def days_round(work, backend, source_url, rows):
+    """One round: the pipe(s), then tidemark's first load and re-sync."""
+    round_ = {"pipe": pipe_pg(source_url, rows) if backend == "postgres" else pipe_sqlite(source_url, rows, work)}
+    first, first_rss, again, again_rss, written = tidemark_case(work, backend, source_url, rows, DAYS)
+    round_.update(first=first, first_rss=first_rss, again=again, again_rss=again_rss, written=written)
+    if backend == "postgres":
+        round_["shaped"] = pipe_pg(source_url, rows, SHAPED_PG_TABLE, SHAPED_COLUMNS)
+    return round_
+
+
+def report_rounds(rounds, backend, rows):
+    import statistics
+
+    def median(key):
+        return statistics.median(r[key] for r in rounds)
+
+    def each(ratio):
+        values = [ratio(r) for r in rounds]
+        return "" if len(values) == 1 else "  (rounds: " + ", ".join(f"{v:.2f}x" for v in values) + ")"
+
+    pipe = median("pipe")
+    first, again = median("first"), median("again")
+    first_rss = max(r["first_rss"] for r in rounds)
+    again_rss = max(r["again_rss"] for r in rounds)
+    print(f"  {'pipe (psql | ' + ('psql' if backend == 'postgres' else 'sqlite3') + ')':<34} {pipe:8.2f} s  "
+          f"{rows / pipe:>10,.0f} rows/s  1.00x pipe")
+    if backend == "postgres":
+        shaped = median("shaped")
+        print(f"  {'pipe into tidemark table shape':<34} {shaped:8.2f} s  {rows / shaped:>10,.0f} rows/s  "
+              f"{pipe / shaped:5.2f}x pipe  (tidemark's first load is "
+              f"{statistics.median(r['shaped'] / r['first'] for r in rounds):.2f}x as fast)"
+              + each(lambda r: r["shaped"] / r["first"]))
+    print(line("tidemark first load", first, first_rss, pipe, rows)
+          + each(lambda r: r["pipe"] / r["first"]))
+    written = ", ".join(str(r["written"]) for r in rounds)
+    print(line("tidemark unchanged re-sync", again, again_rss, pipe, rows)
+          + f"  wrote {written} rows, {statistics.median(r['first'] / r['again'] for r in rounds):.2f}x "
+          "faster than the first load" + each(lambda r: r["first"] / r["again"]))
 
 
 def big_case(rows, backends, work):
@@ -419,6 +459,8 @@ def main():
     parser.add_argument("--only", choices=["days", "big"], help="one case (default: days)")
     parser.add_argument("--backend", choices=["postgres", "sqlite", "both"], default="both")
     parser.add_argument("--no-peers", action="store_true", help="skip sling and dlt")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of the pipe(s) and tidemark (days case): medians and each round's ratio")
     args = parser.parse_args()
     if not os.access(BIN, os.X_OK):
         sys.exit(f"no release build at {BIN}: run `cargo build --release` first")
@@ -428,7 +470,7 @@ def main():
         if args.only == "big":
             big_case(500_000 if args.quick else 5_000_000, backends, work)
         else:
-            days_case(100_000 if args.quick else 1_000_000, backends, not args.no_peers, work)
+            days_case(100_000 if args.quick else 1_000_000, backends, not args.no_peers, work, max(args.repeat, 1))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
