@@ -71,6 +71,26 @@ max_delay = "2ms"
     )
 }
 
+/// The rows of `$sql` on a connection of type `$conn` to `$url`, each
+/// column read as optional text: one body for both databases, whose row
+/// types differ.
+macro_rules! text_rows {
+    ($conn:ty, $url:expr, $sql:expr) => {{
+        use sqlx::Row as _;
+        let mut conn = <$conn>::connect($url)
+            .await
+            .expect("connect to the database");
+        let rows = sqlx::query($sql)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", $sql));
+        let _ = conn.close().await;
+        rows.iter()
+            .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
+            .collect()
+    }};
+}
+
 /// A temporary folder holding the pipeline files and the destination
 /// database: a SQLite file (`t.db`), or a PostgreSQL database of its own
 /// on the test server ([`Env::postgres`]), dropped with this value.
@@ -134,37 +154,10 @@ impl Env {
     /// on either database: the query casts what is not text
     /// (`CAST(attempt AS TEXT)` reads the same on both).
     pub async fn texts(&self, sql: &str) -> Vec<Vec<Option<String>>> {
-        use sqlx::Row as _;
-        if self.pg.is_none() {
-            let rows: Vec<SqliteRow> = self.query_sqlite(sql).await;
-            return rows
-                .iter()
-                .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
-                .collect();
+        match &self.pg {
+            Some(pg) => text_rows!(sqlx::PgConnection, &pg.url, sql),
+            None => text_rows!(sqlx::SqliteConnection, &self.url(), sql),
         }
-        let mut conn = sqlx::PgConnection::connect(&self.url())
-            .await
-            .expect("connect to the database");
-        let rows = sqlx::query(sql)
-            .fetch_all(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let _ = conn.close().await;
-        rows.iter()
-            .map(|row| (0..row.len()).map(|i| row.get(i)).collect())
-            .collect()
-    }
-
-    async fn query_sqlite(&self, sql: &str) -> Vec<SqliteRow> {
-        let mut conn = sqlx::SqliteConnection::connect(&self.url())
-            .await
-            .expect("open the database");
-        let rows = sqlx::query(sql)
-            .fetch_all(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let _ = conn.close().await;
-        rows
     }
 
     /// Writes `text` as `file` of the folder.
