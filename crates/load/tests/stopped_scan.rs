@@ -11,8 +11,13 @@
 //! the next statement happened to get that connection; a pool of one
 //! connection makes it certain.
 //!
-//! A test binary of its own: it points `TMPDIR` at a missing directory,
-//! which no other test in this process may see.
+//! Two ways a scan stops early, each on both reads of stored rows' shared
+//! `scan`: the spill file cannot be made (at the writer's start), and a
+//! stored key does not parse.
+//!
+//! A test binary of its own: one test points `TMPDIR` at a missing
+//! directory, which no other test may see; the two here take turns
+//! ([`ONE_AT_A_TIME`]).
 
 mod support;
 
@@ -28,6 +33,12 @@ use tidemark_load::{
     WriterOptions,
 };
 
+/// The test pipeline with the key field `id` of `key_type`.
+fn pipeline(key_type: &str) -> Pipeline {
+    let text = PIPELINE.replace("KEY_TYPE", key_type);
+    Pipeline::parse(&text, Path::new("p.toml")).unwrap()
+}
+
 const PIPELINE: &str = r#"
 name = "p"
 export_type = "e"
@@ -39,12 +50,15 @@ transport = "file"
 format = "csv"
 path = "x.csv"
 [fields]
-id = { type = "int", required = true }
+id = { type = "KEY_TYPE", required = true }
 name = { type = "text" }
 [load]
 table = "items"
 key = ["id"]
 "#;
+
+/// Held by each test for its whole run: `TMPDIR` is the process's.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Rows of the period: far more than one `COPY` chunk, so most of the
 /// data is still on its way when the scan stops.
@@ -73,75 +87,157 @@ fn claimed(claim: Claim) -> ClaimedRun {
     }
 }
 
-fn rows() -> Vec<Row> {
-    let shape = RowShape::new([("id", FieldType::Int), ("name", FieldType::Text)]);
+/// [`ROWS`] rows, their key `id` typed as `key`.
+fn rows(key: FieldType) -> Vec<Row> {
+    let shape = RowShape::new([("id", key), ("name", FieldType::Text)]);
     (0..ROWS)
         .map(|id| {
-            let values = vec![Value::Int(id), Value::Text(format!("row {id}"))];
+            let key = match key {
+                FieldType::Decimal => Value::Decimal(id.into()),
+                _ => Value::Int(id),
+            };
+            let values = vec![key, Value::Text(format!("row {id}"))];
             Row::new(&shape, &[0], values)
         })
         .collect()
 }
 
+/// A period loaded once, on a store whose pool holds one connection: the
+/// statement after a scan is certain to get the connection it used.
+struct Loaded {
+    db: TestDb,
+    store: Store,
+    pipeline: Pipeline,
+    schema: TableSchema,
+    key: RunKey,
+}
+
+/// Writer options of a period that fits the memory budget.
+const IN_MEMORY: WriterOptions = WriterOptions {
+    memory_budget: 64 << 20,
+    track_new_keys: false,
+};
+
+impl Loaded {
+    async fn new(key_type: FieldType) -> Loaded {
+        let db = TestDb::new(true).await;
+        let one = StoreOptions {
+            max_connections: Some(1),
+            pgbouncer: false,
+        };
+        let store = Store::connect_with(&db.url, &one).await.unwrap();
+        let name = if key_type == FieldType::Decimal {
+            "decimal"
+        } else {
+            "int"
+        };
+        let pipeline = pipeline(name);
+        let schema = TableSchema::from_pipeline(&pipeline);
+        store.ensure_table(&schema).await.unwrap();
+        let key = RunKey::new("p", "s", "e", pipeline.period("2024-01-01").unwrap());
+        let first = claimed(store.claim(&key, &request(&pipeline, false)).await.unwrap());
+        let mut writer = store
+            .writer(schema.clone(), &first, &key, IN_MEMORY)
+            .await
+            .unwrap();
+        let rows = rows(key_type);
+        writer
+            .write_batch(&rows, &[], rows.len() as u64, &serde_json::json!({}))
+            .await
+            .unwrap();
+        let reconcile = Reconcile {
+            on_missing: tidemark_core::spec::OnMissing::Keep,
+            max_delete_fraction: 0.5,
+            force_deletes: false,
+        };
+        writer.finish(&reconcile).await.unwrap();
+        Loaded {
+            db,
+            store,
+            pipeline,
+            schema,
+            key,
+        }
+    }
+
+    /// A forced re-run's claim.
+    async fn again(&self) -> ClaimedRun {
+        let request = request(&self.pipeline, true);
+        claimed(self.store.claim(&self.key, &request).await.unwrap())
+    }
+
+    /// Records `error` as `run`'s failure (on the pool's one connection),
+    /// and returns the ledger's status and error class.
+    async fn fail(&self, run: &ClaimedRun, error: &Error) -> (String, String) {
+        self.store
+            .mark_failed(&run.lease, &run.counts, error)
+            .await
+            .expect("the failure is recorded on the connection the scan used");
+        let mut check = sqlx::PgConnection::connect(&self.db.url).await.unwrap();
+        sqlx::query_as("SELECT status, error_class FROM _tm_runs")
+            .fetch_one(&mut check)
+            .await
+            .unwrap()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scan_stopped_early_leaves_its_connection_usable() {
-    let db = TestDb::new(true).await;
-    let one = StoreOptions {
-        max_connections: Some(1),
-        pgbouncer: false,
-    };
-    let store = Store::connect_with(&db.url, &one).await.unwrap();
-    let pipeline = Pipeline::parse(PIPELINE, Path::new("p.toml")).unwrap();
-    let schema = TableSchema::from_pipeline(&pipeline);
-    store.ensure_table(&schema).await.unwrap();
-    let key = RunKey::new("p", "s", "e", pipeline.period("2024-01-01").unwrap());
-    let reconcile = Reconcile {
-        on_missing: tidemark_core::spec::OnMissing::Keep,
-        max_delete_fraction: 0.5,
-        force_deletes: false,
-    };
-    let in_memory = WriterOptions {
-        memory_budget: 64 << 20,
-        track_new_keys: false,
-    };
-
-    let first = claimed(store.claim(&key, &request(&pipeline, false)).await.unwrap());
-    let mut writer = store
-        .writer(schema.clone(), &first, &key, in_memory)
-        .await
-        .unwrap();
-    writer
-        .write_batch(&rows(), &[], rows().len() as u64, &serde_json::json!({}))
-        .await
-        .unwrap();
-    writer.finish(&reconcile).await.unwrap();
-
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let loaded = Loaded::new(FieldType::Int).await;
     // A forced re-run whose stored rows need the spill file, which cannot
     // be made: the scan stops after its first rows.
-    let again = claimed(store.claim(&key, &request(&pipeline, true)).await.unwrap());
+    let again = loaded.again().await;
     let nowhere = tempfile::tempdir().unwrap().path().join("missing");
     std::env::set_var("TMPDIR", &nowhere);
     let spilling = WriterOptions {
         memory_budget: 1024,
-        ..in_memory
+        ..IN_MEMORY
     };
-    let error = store
-        .writer(schema.clone(), &again, &key, spilling)
+    let error = loaded
+        .store
+        .writer(loaded.schema.clone(), &again, &loaded.key, spilling)
         .await
         .expect_err("the spill file cannot be made");
     std::env::remove_var("TMPDIR");
     assert!(matches!(error, Error::TempFile { .. }), "{error:?}");
-
-    // The attempt's failure is recorded on the pool's one connection.
-    store
-        .mark_failed(&again.lease, &again.counts, &error)
-        .await
-        .expect("the failure is recorded on the connection the scan used");
-    let mut check = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let (status, class): (String, String) =
-        sqlx::query_as("SELECT status, error_class FROM _tm_runs")
-            .fetch_one(&mut check)
-            .await
-            .unwrap();
+    let (status, class) = loaded.fail(&again, &error).await;
     assert_eq!((status.as_str(), class.as_str()), ("failed", "config"));
+}
+
+/// The same for a stored key that does not parse: a decimal key column
+/// holding `NaN` (PostgreSQL's numeric has it, tidemark's decimal does
+/// not), written by hand ahead of the period's other rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_stopped_by_an_unreadable_key_leaves_its_connection_usable() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let loaded = Loaded::new(FieldType::Decimal).await;
+    // Rewritten in heap order with the NaN row first, so the scan meets
+    // it first and most of the `COPY` is still unread.
+    let mut admin = sqlx::PgConnection::connect(&loaded.db.url).await.unwrap();
+    for sql in [
+        "CREATE TEMP TABLE kept AS SELECT * FROM items",
+        "UPDATE kept SET id = 'NaN' WHERE id = 2500",
+        "DELETE FROM items",
+        "INSERT INTO items SELECT * FROM kept ORDER BY id = 'NaN' DESC, id",
+    ] {
+        sqlx::query(sql).execute(&mut admin).await.unwrap();
+    }
+    let _ = admin.close().await;
+    let again = loaded.again().await;
+    let error = loaded
+        .store
+        .writer(loaded.schema.clone(), &again, &loaded.key, IN_MEMORY)
+        .await
+        .expect_err("the stored key NaN is not a decimal tidemark reads");
+    let message = error.to_string();
+    assert!(
+        matches!(error, Error::Contract { .. })
+            && message.contains("items")
+            && message.contains("`id`")
+            && message.contains("NaN"),
+        "{error:?}"
+    );
+    let (status, class) = loaded.fail(&again, &error).await;
+    assert_eq!((status.as_str(), class.as_str()), ("failed", "contract"));
 }
