@@ -835,8 +835,8 @@ const CHANGED_SHARE: usize = 16;
 /// the blocking pool (about a millisecond of typing).
 const INLINE_TYPING: usize = 1_000;
 
-/// Logs what the shortcut found, and turns deferring off when most of a
-/// batch's deferred records changed.
+/// Logs what the shortcut found, and turns deferring off when more than
+/// one of a batch's deferred records in [`CHANGED_SHARE`] changed.
 fn after_shortcut(
     batch: prepare::Prepared,
     deferred: usize,
@@ -848,7 +848,7 @@ fn after_shortcut(
         tracing::debug!(
             deferred,
             unchanged = hits,
-            "most raw records changed: typing every record from now on"
+            "more than one raw record in 16 changed: typing every record from now on"
         );
     }
     batch
