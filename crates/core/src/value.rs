@@ -203,24 +203,17 @@ impl Hash128 {
     }
 
     /// [`Hash128::from_hex`] of bytes as a database hands them over. A
-    /// re-sync reads two of these per stored row; `u128::from_str_radix`
-    /// (checked 128-bit arithmetic per digit, any length, a sign) was 2.7 %
-    /// of an unchanged re-sync's CPU.
+    /// re-sync reads two of these per stored row: a loop over the digits
+    /// (128-bit shifts) was 8.5 % of an unchanged SQL re-sync's CPU, the
+    /// checked table-driven decode of `faster_hex` a fraction of that.
+    /// Either case is read: SQLite's `hex()` writes upper case.
     pub fn from_hex_bytes(digits: &[u8]) -> Option<Hash128> {
         if digits.len() != 32 {
             return None;
         }
-        let mut value = 0u128;
-        for &digit in digits {
-            let nibble = match digit {
-                b'0'..=b'9' => digit - b'0',
-                b'a'..=b'f' => digit - b'a' + 10,
-                b'A'..=b'F' => digit - b'A' + 10,
-                _ => return None,
-            };
-            value = (value << 4) | u128::from(nibble);
-        }
-        Some(Hash128(value))
+        let mut bytes = [0u8; 16];
+        faster_hex::hex_decode(digits, &mut bytes).ok()?;
+        Some(Hash128(u128::from_be_bytes(bytes)))
     }
 
     /// The 16 big-endian bytes.
@@ -684,5 +677,23 @@ mod tests {
         ] {
             assert_eq!(Hash128::from_hex(not_ours), None, "{not_ours:?}");
         }
+        // One digit off the hex ranges' edges, at every position.
+        for bad in ['/', ':', '@', 'G', '`', 'g', ' ', '\0', '\u{e9}'] {
+            for at in 0..32 {
+                let mut text = "0".repeat(31);
+                text.insert(at, bad);
+                let bytes = text.as_bytes();
+                assert_eq!(
+                    Hash128::from_hex_bytes(&bytes[..32.min(bytes.len())]),
+                    None,
+                    "{text:?}"
+                );
+            }
+        }
+        let mixed = "0123456789abcdefABCDEF0123456789";
+        assert_eq!(
+            Hash128::from_hex(mixed),
+            Some(Hash128(0x0123_4567_89ab_cdef_abcd_ef01_2345_6789))
+        );
     }
 }

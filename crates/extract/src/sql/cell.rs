@@ -112,7 +112,10 @@ impl Cell {
         // Writing to a String cannot fail.
         let _ = match self {
             Cell::Null => Ok(()),
-            Cell::Int(i) => write!(out, "{i}"),
+            Cell::Int(i) => {
+                out.push_str(itoa::Buffer::new().format(*i));
+                Ok(())
+            }
             Cell::Float(f) => write!(out, "{f}"),
             Cell::Decimal(d) => write!(out, "{d}"),
             Cell::Text(s) => {
