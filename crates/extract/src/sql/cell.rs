@@ -117,7 +117,10 @@ impl Cell {
                 Ok(())
             }
             Cell::Float(f) => write!(out, "{f}"),
-            Cell::Decimal(d) => write!(out, "{d}"),
+            Cell::Decimal(d) => {
+                push_decimal(d, out);
+                Ok(())
+            }
             Cell::Text(s) => {
                 out.push_str(s);
                 Ok(())
@@ -180,6 +183,40 @@ impl Cell {
             Cell::Timestamp(t) => Json::String(t.format("%Y-%m-%dT%H:%M:%S%.f").to_string()),
             Cell::Timestamptz(t) => Json::String(t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
             Cell::Json(v) => v,
+        }
+    }
+}
+
+/// `Decimal`'s `Display`, digit for digit (records' text and raw hashes
+/// stay what they were), by integer formatting: `Display` divides the
+/// 96-bit mantissa by ten per digit and goes through `fmt`, 2.4 % of a SQL
+/// re-sync's CPU. Like `Display`: a negative zero keeps its sign, and zero
+/// has no digits of its own (`0`, `0.00`).
+fn push_decimal(d: &Decimal, out: &mut String) {
+    if d.is_sign_negative() {
+        out.push('-');
+    }
+    let mut buffer = itoa::Buffer::new();
+    let digits = match d.mantissa() {
+        0 => "",
+        m => buffer.format(m.unsigned_abs()),
+    };
+    let scale = d.scale() as usize;
+    match digits.len().checked_sub(scale).filter(|whole| *whole > 0) {
+        Some(whole) => {
+            out.push_str(&digits[..whole]);
+            if scale > 0 {
+                out.push('.');
+                out.push_str(&digits[whole..]);
+            }
+        }
+        None => {
+            out.push('0');
+            if scale > 0 {
+                out.push('.');
+                out.extend(std::iter::repeat('0').take(scale - digits.len()));
+                out.push_str(digits);
+            }
         }
     }
 }
@@ -284,6 +321,44 @@ fn parse_time(text: &str) -> Option<Cell> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Decimals are written as `Display` writes them, sign, zeros and
+    /// scale included (a stored raw hash must not change with the build).
+    #[test]
+    fn decimals_are_written_as_display_writes_them() {
+        let mut values: Vec<Decimal> = [
+            "0",
+            "0.00",
+            "-0.00",
+            "1",
+            "-1",
+            "0.005",
+            "-0.005",
+            "12345.67",
+            "100",
+            "0.1000",
+            "79228162514264337593543950335",
+            "-79228162514264337593543950335",
+            "0.0000000000000000000000000001",
+            "7.9228162514264337593543950335",
+        ]
+        .iter()
+        .map(|v| v.parse().unwrap())
+        .collect();
+        values.push(Decimal::from_parts(0, 0, 0, true, 0));
+        values.push(Decimal::from_parts(0, 0, 0, true, 3));
+        values.push(Decimal::from_parts(5, 0, 0, true, 28));
+        for mantissa in [1i64, 9, 10, 99, 101, 123_456, -42, 1_000_000_007] {
+            for scale in 0..=12 {
+                values.push(Decimal::new(mantissa, scale));
+            }
+        }
+        for value in values {
+            let mut ours = String::new();
+            push_decimal(&value, &mut ours);
+            assert_eq!(ours, value.to_string(), "{value:?}");
+        }
+    }
 
     /// A text record must say what a JSON record says, or a source would
     /// hash (and store) differently depending on how its fields are read.
