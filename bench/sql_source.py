@@ -15,7 +15,8 @@ this machine's disk, not tidemark's):
             into an empty table keyed like tidemark's (PostgreSQL), and the
             same stream into `sqlite3 .import` (SQLite): the physical floor;
             on PostgreSQL also into tidemark's table shape (its lineage
-            columns and run-key index), what the destination costs alone
+            columns, raw-record hash and run-key index), what the
+            destination costs alone
   tidemark  `backfill` of the 20 days at default settings, then a forced
             re-sync of the unchanged source (rows written must be 0)
   sling     `sling run --mode incremental --primary-key id` (PyPI
@@ -203,17 +204,19 @@ def make_source(rows, days):
 
 
 # tidemark's own table shape: the six lineage columns (NOT NULL, as it
-# creates them) and its index on the run key, filled by the source's SELECT
-# with what tidemark would write (the row hash as 32 hex digits, a run id of
-# 26 characters). The pipe into it shows what the destination's shape costs
-# on its own, apart from tidemark.
+# creates them), the raw-record hash and its index on the run key, filled by
+# the source's SELECT with what tidemark would write (the hashes as 32 hex
+# digits, a run id of 26 characters). The pipe into it shows what the
+# destination's shape costs on its own, apart from tidemark.
 SHAPED_PG_TABLE = (
     "CREATE TABLE orders (id bigint, customer text, total numeric(12, 2), status text, created_at timestamptz, "
     "note text, _tm_source text NOT NULL, _tm_export_type text NOT NULL, _tm_period_start timestamptz NOT NULL, "
-    "_tm_run_id text NOT NULL, _tm_row_hash text NOT NULL, _tm_loaded_at timestamptz NOT NULL, UNIQUE (id)); "
+    "_tm_run_id text NOT NULL, _tm_row_hash text NOT NULL, _tm_loaded_at timestamptz NOT NULL, _tm_raw_hash text, "
+    "UNIQUE (id)); "
     "CREATE INDEX orders_run_key ON orders (_tm_source, _tm_export_type, _tm_period_start)")
 SHAPED_COLUMNS = (COLUMNS + ", 'shop_db', 'orders_daily', date_trunc('day', created_at), "
-                  "'01JBENCHRUNID0000000000000', md5(id::text || customer || total::text), now()")
+                  "'01JBENCHRUNID0000000000000', md5(id::text || customer || total::text), now(), "
+                  "md5(customer || id::text)")
 
 
 def pipe_pg(source_url, rows, table=PIPE_PG_TABLE, columns=COLUMNS):
