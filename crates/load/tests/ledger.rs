@@ -1158,7 +1158,66 @@ async fn failed_key_backs_off_and_only_an_operator_skips_it(postgres: bool) {
     store.close().await;
 }
 
+/// A finished run's row and its attempt's row both say `done`, with the
+/// same final counts, and only that attempt ends: on PostgreSQL the two are
+/// one statement (`finish_done`), on SQLite two.
+async fn a_finished_run_and_only_its_attempt_end_done(postgres: bool) {
+    let p = pipeline();
+    let (db, store, schema) = with_table(postgres, &p).await;
+    let (day, other) = (key(&p, "2024-01-01"), key(&p, "2024-01-02"));
+    let rows = [row(1, "a"), row(2, "b"), row(3, "c")];
+    load_once(&store, &schema, &day, &request("a"), &rows, &reconcile()).await;
+    // A second key's attempt, claimed and left running.
+    claimed(store.claim(&other, &request("a")).await.unwrap());
+    let forced = ClaimRequest {
+        force: true,
+        ..request("a")
+    };
+    load_once(&store, &schema, &day, &forced, &rows[..2], &reconcile()).await;
+    let done = |attempt: i64| {
+        format!(
+            "SELECT count(*) FROM _tm_attempts a JOIN _tm_runs r ON r.id = a.run_ref
+             WHERE r.period_start = (SELECT min(period_start) FROM _tm_runs) AND a.attempt = {attempt}
+               AND a.status = 'done' AND a.finished_at IS NOT NULL AND a.error_class IS NULL"
+        )
+    };
+    assert_eq!(
+        scalar(&db.url, &done(1)).await,
+        1,
+        "the first attempt ended done"
+    );
+    assert_eq!(
+        scalar(&db.url, &done(2)).await,
+        1,
+        "the forced attempt ended done"
+    );
+    // The forced attempt's counts, on its row and on the run row.
+    let counts = "SELECT count(*) FROM _tm_attempts a JOIN _tm_runs r ON r.id = a.run_ref
+                  WHERE a.attempt = 2 AND a.rows_read = 2 AND a.rows_unchanged = 2
+                    AND r.rows_read = 2 AND r.rows_unchanged = 2 AND r.status = 'done'
+                    AND r.finished_at IS NOT NULL";
+    assert_eq!(
+        scalar(&db.url, counts).await,
+        1,
+        "the same counts on both rows"
+    );
+    let first = "SELECT count(*) FROM _tm_attempts WHERE attempt = 1 AND rows_read = 3 AND rows_inserted = 3";
+    assert_eq!(
+        scalar(&db.url, first).await,
+        1,
+        "the first attempt's counts stay"
+    );
+    let running =
+        "SELECT count(*) FROM _tm_attempts WHERE status = 'running' AND finished_at IS NULL";
+    assert_eq!(
+        scalar(&db.url, running).await,
+        1,
+        "the other key's attempt still runs"
+    );
+}
+
 both_backends!(
+    a_finished_run_and_only_its_attempt_end_done,
     queue_claims_by_priority_then_age_once_each,
     concurrent_queue_claims_take_each_key_once,
     interrupted_key_is_resumed_and_cancelled_key_is_left,

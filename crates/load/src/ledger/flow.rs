@@ -16,8 +16,8 @@ use super::driver::{
 use super::notices::{self, LineageEvent};
 use super::rules::{decide, Decision, Snapshot};
 use super::sql::{
-    EndAttempt, EnqueueNew, FinishRun, InsertReject, Requeue, SaveProgress, StartAttempt,
-    Statements,
+    EndAttempt, EnqueueNew, FinishDone, FinishRun, InsertReject, Requeue, SaveProgress,
+    StartAttempt, Statements,
 };
 use super::{
     decode_hashes, new_run_id, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue,
@@ -1182,6 +1182,49 @@ pub(crate) async fn finish<D: Driver>(
     Ok((result, claim))
 }
 
+/// Marks the run and its attempt `done` with their final counts; returns
+/// the stored result, whose `finished_at` is the database's clock. One
+/// statement where the dialect has one for both ([`Statements::finish_done`]).
+async fn mark_done<D: Driver>(
+    tx: &mut D::Tx,
+    lease: &Lease,
+    result: &serde_json::Value,
+    counts: Counts,
+) -> Result<serde_json::Value, Error> {
+    let s = sql::<D>();
+    let stored = match &s.finish_done {
+        Some(both) => {
+            let finish = FinishDone {
+                result,
+                counts,
+                run_ref: lease.run_ref,
+                attempt: lease.attempt,
+            };
+            fetch_optional(tx, both, &finish.args()).await?
+        }
+        None => {
+            let finish = FinishRun {
+                result,
+                counts,
+                run_ref: lease.run_ref,
+            };
+            let stored = fetch_optional(tx, &s.finish_run, &finish.args()).await?;
+            end_attempt::<D>(tx, lease, AttemptStatus::Done, &counts, None).await?;
+            stored
+        }
+    };
+    stored
+        .and_then(|row| row.json("result").transpose())
+        .transpose()?
+        .ok_or_else(|| Error::Database {
+            message: format!(
+                "the ledger row of run {} vanished as it finished",
+                lease.run_id
+            ),
+            transient: true,
+        })
+}
+
 /// The reconciliation and `done` inside `tx`.
 #[allow(clippy::too_many_arguments)] // the run's identity and its end state
 async fn finish_in<D: Driver>(
@@ -1210,24 +1253,7 @@ async fn finish_in<D: Driver>(
     // Read before the change: whether the key had failed since done.
     let before = notices::before::<D>(tx, lease).await?;
     let result = result_json(lineage, lease, &counts);
-    let finish = FinishRun {
-        result: &result,
-        counts,
-        run_ref: lease.run_ref,
-    };
-    // The stored result, with its `finished_at` from the database's clock.
-    let result = fetch_optional(tx, &s.finish_run, &finish.args())
-        .await?
-        .and_then(|row| row.json("result").transpose())
-        .transpose()?
-        .ok_or_else(|| Error::Database {
-            message: format!(
-                "the ledger row of run {} vanished as it finished",
-                lease.run_id
-            ),
-            transient: true,
-        })?;
-    end_attempt::<D>(tx, lease, AttemptStatus::Done, &counts, None).await?;
+    let result = mark_done::<D>(tx, lease, &result, counts).await?;
     if let Some(before) = &before {
         notices::done::<D>(tx, before, lease, &counts).await?;
     }

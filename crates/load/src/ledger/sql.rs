@@ -285,6 +285,20 @@ ledger_params! {
 }
 
 ledger_params! {
+    /// The parameters of [`Statements::finish_done`].
+    FinishDone<'a> {
+        /// The canonical result (its `finished_at` is set by the database).
+        result: &'a serde_json::Value,
+        /// The final counts (the run row's and the attempt's).
+        counts: Counts,
+        /// The run row's id.
+        run_ref: i64,
+        /// The attempt that finished.
+        attempt: i64,
+    }
+}
+
+ledger_params! {
     /// The parameters of [`Statements::mark_run`].
     MarkRun<'a> {
         /// The mark's attempt number (the row's + 1).
@@ -429,6 +443,11 @@ pub(crate) struct Statements {
     pub save_progress: String,
     /// Marks the run done: binds [`FinishRun`]. Returns the stored result.
     pub finish_run: String,
+    /// [`Statements::finish_run`] and [`Statements::end_attempt`] (status
+    /// `done`) in one statement, a round trip less for every period
+    /// (PostgreSQL: a data-modifying `WITH`): binds [`FinishDone`].
+    /// SQLite runs the two.
+    pub finish_done: Option<String>,
     /// `$1` run ref, `$2` run id, `$3` batch number, `$4` key hashes.
     pub insert_batch_keys: String,
     /// Records a run key `done` without a run (`tidemark mark`): binds
@@ -647,6 +666,25 @@ impl Statements {
                 ),
                 &FinishRun::names(),
             ),
+            finish_done: match d {
+                Dialect::Postgres => Some(number(
+                    &format!(
+                        "WITH attempt AS (
+                            UPDATE _tm_attempts SET status = '{}', {count_sets}, error_class = NULL,
+                                   error_message = NULL, finished_at = {now}
+                            WHERE run_ref = $run_ref AND attempt = $attempt)
+                         UPDATE _tm_runs SET status = '{}', result = {}, finished_at = {now},
+                                checkpoint = NULL, {release}, failures = 0, not_before = NULL, {count_sets}
+                         WHERE id = $run_ref
+                         RETURNING result",
+                        AttemptStatus::Done.as_str(),
+                        RunStatus::Done.as_str(),
+                        d.with_finished_at("$result"),
+                    ),
+                    &FinishDone::names(),
+                )),
+                Dialect::Sqlite => None,
+            },
             mark_run: number(
                 &format!(
                     "UPDATE _tm_runs SET status = '{}', attempt = $attempt, run_id = $run_id, {release},
@@ -949,7 +987,10 @@ mod tests {
                 &s.cancel(),
                 &s.running_leftovers(1),
                 &s.queue_peek(2),
-            ] {
+            ]
+            .into_iter()
+            .chain(s.finish_done.as_ref())
+            {
                 let mut used: Vec<usize> = sql
                     .match_indices('$')
                     .filter_map(|(i, _)| {
@@ -983,7 +1024,13 @@ mod tests {
                 (&s.insert_reject, InsertReject::names().len()),
                 (&s.enqueue_new(), EnqueueNew::names().len()),
                 (&s.requeue(&[RunStatus::Failed]), Requeue::names().len()),
-            ] {
+            ]
+            .into_iter()
+            .chain(
+                s.finish_done
+                    .as_ref()
+                    .map(|sql| (sql, FinishDone::names().len())),
+            ) {
                 let highest = (1..=params).rev().find(|n| {
                     sql.match_indices(&format!("${n}"))
                         .any(|(i, m)| !sql[i + m.len()..].starts_with(|c: char| c.is_ascii_digit()))
