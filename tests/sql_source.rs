@@ -1376,6 +1376,117 @@ key = ["id"]
     }
 }
 
+/// Every PostgreSQL type tidemark reads, each decoded by the decoder its
+/// type name chose (sqlx's per-value type check is skipped: it could only
+/// agree), numerics by the fast path up to its ends: the values land
+/// exactly, and a `NaN` numeric (left to sqlx) fails the period as drift
+/// naming its column, with nothing written.
+#[tokio::test]
+async fn postgres_types_decode_exactly_without_sqlx_type_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Source::new(Kind::Postgres, dir.path()).await;
+    source
+        .exec(
+            "CREATE TABLE kinds (id BIGINT PRIMARY KEY, s SMALLINT, i INTEGER, r REAL, \
+             n NUMERIC, wide NUMERIC, c CHAR(3), v VARCHAR(5), nm NAME, j JSON, \
+             at TIMESTAMPTZ NOT NULL); \
+             INSERT INTO kinds VALUES \
+             (1, -32768, 2147483647, 0.25, -0.0050, 79228162514264337593543950335, 'ab', 'xyz', 'pg', \
+              '{\"k\": 1}', '2024-01-05 10:00:00+00'), \
+             (2, 7, -1, -2.5, -0.0, -0.0000000000000000000000000001, 'abc', '', 'n', \
+              '[1, 2]', '2024-01-05 11:00:00+00')",
+        )
+        .await;
+    let text = r#"name = "kinds"
+export_type = "kinds"
+[period]
+granularity = "day"
+timezone = "UTC"
+start = "2024-01-01"
+lag = "0s"
+[[sources]]
+id = "db"
+transport = "sql"
+url = "${TM_SQL_SOURCE_URL}"
+query = "select id, s, i, r, n, wide, c, v, nm, j, at from kinds where at >= :period_start and at < :period_end"
+resume_key = ["at", "id"]
+time_columns = { at = "instant" }
+[fields]
+id = { type = "int", required = true }
+s = { type = "int" }
+i = { type = "int" }
+r = { type = "float" }
+n = { type = "decimal" }
+wide = { type = "decimal" }
+c = { type = "text" }
+v = { type = "text" }
+nm = { type = "text" }
+j = { type = "json" }
+at = { type = "timestamptz", required = true }
+[load]
+table = "kinds"
+key = ["id"]
+"#;
+    let mut env = Env::new(Backend::Postgres).await;
+    env.write("pipelines/kinds.toml", text);
+    env.set_var("TM_SQL_SOURCE_URL", &source.url);
+    env.tidemark(&["run", "kinds", "--period", "2024-01-05"])
+        .expect_code(0, "run");
+    let columns = ["id", "s", "i", "r", "n", "wide", "c", "v", "nm", "j"];
+    let rows = env.db.select(&columns, "FROM kinds ORDER BY id").await;
+    let shown = |row: &Vec<Option<String>>| -> Vec<String> {
+        row.iter()
+            .map(|v| v.clone().unwrap_or_else(|| "NULL".into()))
+            .collect()
+    };
+    // The largest 96-bit mantissa, and 28 places: the ends of the fast path.
+    assert_eq!(
+        shown(&rows[0]),
+        [
+            "1",
+            "-32768",
+            "2147483647",
+            "0.25",
+            "-0.005",
+            "79228162514264337593543950335",
+            "ab ",
+            "xyz",
+            "pg",
+            "{\"k\": 1}"
+        ]
+    );
+    // An empty text is absent, as an empty CSV cell is.
+    assert_eq!(
+        shown(&rows[1]),
+        [
+            "2",
+            "7",
+            "-1",
+            "-2.5",
+            "0",
+            "-0.0000000000000000000000000001",
+            "abc",
+            "NULL",
+            "n",
+            "[1, 2]"
+        ]
+    );
+    source
+        .exec("INSERT INTO kinds VALUES (3, 1, 1, 1, 'NaN', 1, 'a', 'a', 'a', '1', '2024-01-06 10:00:00+00')")
+        .await;
+    env.tidemark(&["run", "kinds", "--period", "2024-01-06"])
+        .expect_code(1, "a NaN numeric");
+    let status = env.status_of("kinds", "2024-01-06").unwrap();
+    assert_eq!(status["error_class"], "contract", "{status}");
+    let message = status["error_message"].as_str().unwrap();
+    assert!(message.contains("column `n`"), "{message}");
+    assert_eq!(
+        env.db.count("FROM kinds").await,
+        2,
+        "nothing of the period written"
+    );
+}
+
 /// The sessions PostgreSQL counted on `source`'s database so far, once
 /// every other session on it has ended (a backend adds its count when it
 /// exits), read on a connection of its own.
