@@ -241,3 +241,59 @@ async fn a_scan_stopped_by_an_unreadable_key_leaves_its_connection_usable() {
     let (status, class) = loaded.fail(&again, &error).await;
     assert_eq!((status.as_str(), class.as_str()), ("failed", "contract"));
 }
+
+/// A scan whose future is dropped mid-`COPY` (a program embedding the
+/// engine cancels a run): its transaction closes the connection instead of
+/// handing it back with the rest of the `COPY` unread, so the next
+/// statements on the pool's one connection (the failure record, a forced
+/// claim) work. Dropped after 1 to 34 polls, a millisecond apart:
+/// while the `COPY` starts and at several points of its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_cancelled_mid_copy_leaves_its_pool_usable() {
+    use std::future::Future as _;
+    use std::task::Poll;
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let loaded = Loaded::new(FieldType::Int).await;
+    // 64 times the period's rows (copies under new keys): a `COPY` that
+    // takes many polls to read.
+    let mut admin = sqlx::PgConnection::connect(&loaded.db.url).await.unwrap();
+    for _ in 0..6 {
+        sqlx::query("INSERT INTO items SELECT id + (SELECT max(id) + 1 FROM items), name, _tm_source, _tm_export_type, _tm_period_start, _tm_run_id, _tm_row_hash, _tm_loaded_at, _tm_raw_hash FROM items")
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    let _ = admin.close().await;
+    let mut cancelled = 0;
+    let mut again = loaded.again().await;
+    for polls in [1, 2, 3, 5, 8, 13, 21, 34] {
+        let finished = {
+            let writer = loaded
+                .store
+                .writer(loaded.schema.clone(), &again, &loaded.key, IN_MEMORY);
+            let mut writer = std::pin::pin!(writer);
+            let mut finished = false;
+            for _ in 0..polls {
+                let ready =
+                    std::future::poll_fn(|cx| Poll::Ready(writer.as_mut().poll(cx).is_ready()));
+                if ready.await {
+                    finished = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            finished
+        };
+        cancelled += usize::from(!finished);
+        // The pool's one connection (or its replacement) takes the next
+        // statements: the attempt's failure record, then a forced claim.
+        let error = Error::Invariant("cancelled".into());
+        let (status, _) = loaded.fail(&again, &error).await;
+        assert_eq!(status, "failed", "after {polls} polls");
+        again = loaded.again().await;
+    }
+    assert!(
+        cancelled >= 3,
+        "the scan was cancelled mid-way {cancelled} times"
+    );
+}

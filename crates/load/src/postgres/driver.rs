@@ -2,8 +2,9 @@
 //! cells read back, and the data plane (binary `COPY` in, `COPY` out).
 
 use chrono::{DateTime, NaiveDateTime, Utc};
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnection, PgRow};
-use sqlx::{Postgres, Row as _, Transaction, TypeInfo as _, ValueRef as _};
+use sqlx::{Executor as _, Postgres, Row as _, TypeInfo as _, ValueRef as _};
 use std::borrow::Cow;
 use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, Value};
@@ -16,23 +17,55 @@ use crate::stored::StoredHashes;
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
 
 /// A ledger transaction on one PostgreSQL connection, with how its store
-/// sends statements ([`PgStore::persistent`]).
+/// sends statements ([`PgStore::persistent`]), begun and ended by tidemark
+/// itself rather than by sqlx's `Transaction`, so that it owns its pool
+/// connection and can refuse to hand back one it cannot trust.
+///
+/// sqlx does not count a `COPY … TO STDOUT` among the answers its
+/// connection still owes. A read of stored rows whose future is dropped
+/// mid-`COPY` (a run cancelled by a program that embeds the engine) would
+/// leave the rest of the data on the connection, which sqlx's
+/// `Transaction` rolls back and returns to the pool looking idle: the
+/// next statement on it reads that data as its answer and fails (the
+/// class of stop 33's bug, there for a read that failed). Such a
+/// transaction ([`PgTx::copy_open`]) closes its connection instead; the
+/// server rolls back what is left. Any other transaction that is not
+/// committed is rolled back on a task of its own and its connection goes
+/// back to the pool (or is closed, if the rollback fails).
 pub(crate) struct PgTx {
-    tx: Transaction<'static, Postgres>,
+    /// `None` once committed.
+    conn: Option<PoolConnection<Postgres>>,
     persistent: bool,
+    /// A `COPY … TO STDOUT` was started and not read to its end.
+    copy_open: bool,
 }
 
 impl PgTx {
-    /// A transaction of `store`, begun as its session needs.
+    /// A transaction of `store`, begun as its session needs. A connection
+    /// whose `BEGIN` failed is closed.
     pub(super) async fn begin(store: &PgStore) -> Result<PgTx, Error> {
+        let mut conn = store.acquire().await.db()?;
+        if let Err(e) = conn.execute(store.begin_statement()).await {
+            conn.close_on_drop();
+            return Err(e).db();
+        }
         Ok(PgTx {
-            tx: store.begin_tx().await.db()?,
+            conn: Some(conn),
             persistent: store.persistent(),
+            copy_open: false,
         })
     }
 
     pub(super) fn connection(&mut self) -> &mut PgConnection {
-        &mut self.tx
+        self.conn
+            .as_mut()
+            .expect("a transaction is used only until it commits")
+    }
+
+    /// Marks a `COPY … TO STDOUT` started (`true`) or read to its end
+    /// (`false`): a transaction dropped in between closes its connection.
+    pub(super) fn copy_open(&mut self, open: bool) {
+        self.copy_open = open;
     }
 
     /// Whether statements are kept prepared on the connection (not behind
@@ -68,8 +101,39 @@ impl PgTx {
         sqlx::query_scalar(sql).persistent(self.persistent)
     }
 
-    pub(super) async fn commit_now(self) -> Result<(), Error> {
-        self.tx.commit().await.db()
+    /// Commits; a connection whose `COMMIT` failed is closed.
+    pub(super) async fn commit_now(mut self) -> Result<(), Error> {
+        let Some(mut conn) = self.conn.take() else {
+            return Ok(());
+        };
+        match conn.execute("COMMIT").await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                conn.close_on_drop();
+                Err(e).db()
+            }
+        }
+    }
+}
+
+impl Drop for PgTx {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        if self.copy_open {
+            conn.close_on_drop();
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            conn.close_on_drop();
+            return;
+        };
+        runtime.spawn(async move {
+            if conn.execute("ROLLBACK").await.is_err() {
+                conn.close_on_drop();
+            }
+        });
     }
 }
 

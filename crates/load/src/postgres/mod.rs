@@ -278,6 +278,24 @@ impl PgStore {
         })
     }
 
+    /// The statement that begins a transaction as this store's session
+    /// needs it (see [`PgStore::begin_tx`]).
+    pub(crate) fn begin_statement(&self) -> &'static str {
+        match (self.session.pooled, self.session.read_only) {
+            (false, _) => "BEGIN",
+            (true, false) => POOLED_BEGIN,
+            (true, true) => POOLED_BEGIN_READ_ONLY,
+        }
+    }
+
+    /// A connection of the pool, for a transaction tidemark begins and
+    /// ends itself ([`driver::PgTx`]).
+    pub(crate) async fn acquire(
+        &self,
+    ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, sqlx::Error> {
+        self.pool.acquire().await
+    }
+
     /// A transaction as this store's session needs it: behind PgBouncer
     /// its `BEGIN` carries the session settings (`SET LOCAL`) and, read
     /// only, `READ ONLY`.

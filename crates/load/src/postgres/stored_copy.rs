@@ -121,15 +121,22 @@ async fn scan(
     .await
     .db()?;
     let types: Vec<FieldType> = schema.key_columns().map(|(_, ty)| *ty).collect();
-    let mut stream = tx
-        .connection()
-        .copy_out_raw(&copy_sql(schema, run_id.is_some()))
-        .await
-        .db()?;
-    let read = read_lines(&mut stream, |line| each(parse_line(schema, &types, line)?)).await;
-    if read.is_err() {
-        drain(&mut stream).await;
-    }
+    // Until the `COPY` is read to its end, a dropped transaction closes
+    // its connection (see `PgTx`).
+    tx.copy_open(true);
+    let read = {
+        let mut stream = tx
+            .connection()
+            .copy_out_raw(&copy_sql(schema, run_id.is_some()))
+            .await
+            .db()?;
+        let read = read_lines(&mut stream, |line| each(parse_line(schema, &types, line)?)).await;
+        if read.is_err() {
+            drain(&mut stream).await;
+        }
+        read
+    };
+    tx.copy_open(false);
     read
 }
 
