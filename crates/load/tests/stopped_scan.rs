@@ -13,7 +13,9 @@
 //!
 //! Two ways a scan stops early, each on both reads of stored rows' shared
 //! `scan`: the spill file cannot be made (at the writer's start), and a
-//! stored key does not parse.
+//! stored key does not parse. And two ways a `COPY` is dropped unfinished
+//! (a program embedding the engine cancels a run): mid-scan (`COPY … TO
+//! STDOUT`) and mid-batch (`COPY … FROM STDIN`).
 //!
 //! A test binary of its own: one test points `TMPDIR` at a missing
 //! directory, which no other test may see; the two here take turns
@@ -296,4 +298,77 @@ async fn a_scan_cancelled_mid_copy_leaves_its_pool_usable() {
         cancelled >= 3,
         "the scan was cancelled mid-way {cancelled} times"
     );
+}
+
+/// The same for a batch whose write is dropped mid-`COPY … FROM STDIN`
+/// (sqlx's `COPY` in, dropped, sends `CopyFail` without counting the
+/// answer it is owed): nothing of the batch is written, and the pool's one
+/// connection takes the failure record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_cancelled_mid_copy_leaves_its_pool_usable_and_writes_nothing() {
+    use std::future::Future as _;
+    use std::task::Poll;
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let loaded = Loaded::new(FieldType::Int).await;
+    let next = RunKey::new("p", "s", "e", loaded.pipeline.period("2024-01-02").unwrap());
+    let request = request(&loaded.pipeline, false);
+    let run = claimed(loaded.store.claim(&next, &request).await.unwrap());
+    let mut writer = loaded
+        .store
+        .writer(loaded.schema.clone(), &run, &next, IN_MEMORY)
+        .await
+        .unwrap();
+    let shape = RowShape::new([("id", FieldType::Int), ("name", FieldType::Text)]);
+    let big: Vec<Row> = (ROWS..ROWS + 200_000)
+        .map(|id| {
+            Row::new(
+                &shape,
+                &[0],
+                vec![Value::Int(id), Value::Text(format!("row {id:>40}"))],
+            )
+        })
+        .collect();
+    let checkpoint = serde_json::json!({});
+    let mut cancelled = 0;
+    for polls in [1, 2, 3, 5, 8, 13, 21, 34] {
+        let write = writer.write_batch(&big, &[], big.len() as u64, &checkpoint);
+        let mut write = std::pin::pin!(write);
+        let mut finished = false;
+        for _ in 0..polls {
+            let ready = std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx).is_ready()));
+            if ready.await {
+                finished = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            !finished,
+            "the batch was written in {polls} polls; it must be cancelled"
+        );
+        cancelled += 1;
+    }
+    assert_eq!(cancelled, 8);
+    drop(writer);
+    loaded
+        .store
+        .mark_failed(
+            &run.lease,
+            &run.counts,
+            &Error::Invariant("cancelled".into()),
+        )
+        .await
+        .expect("the failure is recorded on the pool's connection");
+    let mut check = sqlx::PgConnection::connect(&loaded.db.url).await.unwrap();
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM _tm_runs ORDER BY period_start DESC LIMIT 1")
+            .fetch_one(&mut check)
+            .await
+            .unwrap();
+    assert_eq!(status, "failed", "the failure record ran on the pool");
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM items")
+        .fetch_one(&mut check)
+        .await
+        .unwrap();
+    assert_eq!(stored, ROWS, "nothing of the cancelled batches was written");
 }

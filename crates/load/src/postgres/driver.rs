@@ -27,8 +27,10 @@ use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
 /// leave the rest of the data on the connection, which sqlx's
 /// `Transaction` rolls back and returns to the pool looking idle: the
 /// next statement on it reads that data as its answer and fails (the
-/// class of stop 33's bug, there for a read that failed). Such a
-/// transaction ([`PgTx::copy_open`]) closes its connection instead; the
+/// class of stop 33's bug, there for a read that failed); a `COPY … FROM
+/// STDIN` dropped mid-way sends `CopyFail` without counting its answer
+/// either. A transaction dropped with a `COPY` not ended
+/// ([`PgTx::copy_open`]) closes its connection instead; the
 /// server rolls back what is left. Any other transaction that is not
 /// committed is rolled back on a task of its own and its connection goes
 /// back to the pool (or is closed, if the rollback fails).
@@ -36,7 +38,7 @@ pub(crate) struct PgTx {
     /// `None` once committed.
     conn: Option<PoolConnection<Postgres>>,
     persistent: bool,
-    /// A `COPY … TO STDOUT` was started and not read to its end.
+    /// A `COPY` (out or in) was started and has not ended.
     copy_open: bool,
 }
 
@@ -62,8 +64,8 @@ impl PgTx {
             .expect("a transaction is used only until it commits")
     }
 
-    /// Marks a `COPY … TO STDOUT` started (`true`) or read to its end
-    /// (`false`): a transaction dropped in between closes its connection.
+    /// Marks a `COPY` started (`true`) or ended (`false`): a transaction
+    /// dropped in between closes its connection.
     pub(super) fn copy_open(&mut self, open: bool) {
         self.copy_open = open;
     }

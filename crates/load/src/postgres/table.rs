@@ -245,22 +245,32 @@ fn column_list(schema: &TableSchema) -> String {
     names.join(", ")
 }
 
+/// A binary `COPY … FROM STDIN`. Until it has ended (finished, aborted or
+/// failed), a dropped transaction closes its connection: sqlx's `COPY` in,
+/// dropped, sends `CopyFail` without counting the answer it is owed.
 async fn copy_into(
-    tx: &mut sqlx::postgres::PgConnection,
+    tx: &mut PgTx,
     table: &str,
     columns: &str,
     data: &[u8],
 ) -> Result<u64, sqlx::Error> {
-    let mut copy = tx
-        .copy_in_raw(&format!(
-            "COPY {table} ({columns}) FROM STDIN (FORMAT binary)"
-        ))
-        .await?;
-    if let Err(e) = copy.send(data).await {
-        let _ = copy.abort(e.to_string()).await;
-        return Err(e);
+    tx.copy_open(true);
+    let copied = async {
+        let mut copy = tx
+            .connection()
+            .copy_in_raw(&format!(
+                "COPY {table} ({columns}) FROM STDIN (FORMAT binary)"
+            ))
+            .await?;
+        if let Err(e) = copy.send(data).await {
+            let _ = copy.abort(e.to_string()).await;
+            return Err(e);
+        }
+        copy.finish().await
     }
-    copy.finish().await
+    .await;
+    tx.copy_open(false);
+    copied
 }
 
 pub(super) async fn write_rows(
@@ -279,7 +289,7 @@ pub(super) async fn write_rows(
     // conflict a whole transaction. On a conflict the transaction is
     // aborted, and the caller runs it again through the staging table.
     if batch.try_direct_copy {
-        match copy_into(tx.connection(), &quote(&schema.table), &columns, data).await {
+        match copy_into(tx, &quote(&schema.table), &columns, data).await {
             Ok(n) => {
                 outcome.written.inserted = n;
                 return Ok(outcome);
@@ -311,9 +321,7 @@ async fn merge_through_stage(
     .execute(tx.connection())
     .await
     .db()?;
-    copy_into(tx.connection(), &stage, columns, data)
-        .await
-        .db()?;
+    copy_into(tx, &stage, columns, data).await.db()?;
     let mut sets: Vec<String> = schema
         .columns
         .iter()
