@@ -1280,6 +1280,13 @@ async fn a_column_its_field_cannot_read_is_contract() {
     }
 }
 
+/// A selected row's values as text, NULL as `NULL`.
+fn shown(row: &[Option<String>]) -> Vec<String> {
+    row.iter()
+        .map(|v| v.clone().unwrap_or_else(|| "NULL".into()))
+        .collect()
+}
+
 /// Column types map to `[fields]` exactly: a 28-digit decimal stays
 /// exact, JSON stays JSON, booleans, dates, floats and wall-clock times
 /// keep their values; NULLs load as NULL.
@@ -1340,11 +1347,6 @@ key = ["id"]
                 "FROM kinds ORDER BY id",
             )
             .await;
-        let shown = |row: &Vec<Option<String>>| -> Vec<String> {
-            row.iter()
-                .map(|v| v.clone().unwrap_or_else(|| "NULL".into()))
-                .collect()
-        };
         assert_eq!(
             shown(&rows[0]),
             [
@@ -1434,11 +1436,6 @@ key = ["id"]
         .expect_code(0, "run");
     let columns = ["id", "s", "i", "r", "n", "wide", "c", "v", "nm", "j"];
     let rows = env.db.select(&columns, "FROM kinds ORDER BY id").await;
-    let shown = |row: &Vec<Option<String>>| -> Vec<String> {
-        row.iter()
-            .map(|v| v.clone().unwrap_or_else(|| "NULL".into()))
-            .collect()
-    };
     // The largest 96-bit mantissa, and 28 places: the ends of the fast path.
     assert_eq!(
         shown(&rows[0]),

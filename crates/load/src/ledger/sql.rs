@@ -532,6 +532,24 @@ impl Statements {
         let attempt_running = AttemptStatus::Running.as_str();
         let release =
             "lease_owner = NULL, lease_host = NULL, lease_pid = NULL, lease_expires_at = NULL";
+        // `done` with the final counts, on the run row and on an attempt's
+        // (whose status, class and message are given): written once for
+        // `finish_run`, `end_attempt` and PostgreSQL's `finish_done`.
+        let finish_run = format!(
+            "UPDATE _tm_runs SET status = '{}', result = {}, finished_at = {now},
+                    checkpoint = NULL, {release}, failures = 0, not_before = NULL, {count_sets}
+             WHERE id = $run_ref
+             RETURNING result",
+            RunStatus::Done.as_str(),
+            d.with_finished_at("$result"),
+        );
+        let end_attempt = |status: &str, class: &str, message: &str| {
+            format!(
+                "UPDATE _tm_attempts SET status = {status}, {count_sets}, error_class = {class},
+                        error_message = {message}, finished_at = {now}
+                 WHERE run_ref = $run_ref AND attempt = $attempt"
+            )
+        };
         let insert_run = format!(
             "INSERT INTO _tm_runs (pipeline, source, export_type, period_start, period_end, created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, {now}, {now})
@@ -626,11 +644,7 @@ impl Statements {
                 d.backoff_from_now("failures"),
             ),
             end_attempt: number(
-                &format!(
-                    "UPDATE _tm_attempts SET status = $status, {count_sets}, error_class = $class,
-                            error_message = $message, finished_at = {now}
-                     WHERE run_ref = $run_ref AND attempt = $attempt"
-                ),
+                &end_attempt("$status", "$class", "$message"),
                 &EndAttempt::names(),
             ),
             restart_run: format!(
@@ -655,31 +669,12 @@ impl Statements {
             ),
             // The final counts go with `done`, in the same statement; the
             // result's `finished_at` is the database's clock, as the column.
-            finish_run: number(
-                &format!(
-                    "UPDATE _tm_runs SET status = '{}', result = {}, finished_at = {now},
-                            checkpoint = NULL, {release}, failures = 0, not_before = NULL, {count_sets}
-                     WHERE id = $run_ref
-                     RETURNING result",
-                    RunStatus::Done.as_str(),
-                    d.with_finished_at("$result"),
-                ),
-                &FinishRun::names(),
-            ),
+            finish_run: number(&finish_run, &FinishRun::names()),
             finish_done: match d {
                 Dialect::Postgres => Some(number(
                     &format!(
-                        "WITH attempt AS (
-                            UPDATE _tm_attempts SET status = '{}', {count_sets}, error_class = NULL,
-                                   error_message = NULL, finished_at = {now}
-                            WHERE run_ref = $run_ref AND attempt = $attempt)
-                         UPDATE _tm_runs SET status = '{}', result = {}, finished_at = {now},
-                                checkpoint = NULL, {release}, failures = 0, not_before = NULL, {count_sets}
-                         WHERE id = $run_ref
-                         RETURNING result",
-                        AttemptStatus::Done.as_str(),
-                        RunStatus::Done.as_str(),
-                        d.with_finished_at("$result"),
+                        "WITH attempt AS ({}) {finish_run}",
+                        end_attempt(&format!("'{}'", AttemptStatus::Done.as_str()), "NULL", "NULL"),
                     ),
                     &FinishDone::names(),
                 )),

@@ -302,11 +302,7 @@ impl PgStore {
     pub(crate) async fn begin_tx(
         &self,
     ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-        match (self.session.pooled, self.session.read_only) {
-            (false, _) => self.pool.begin().await,
-            (true, false) => self.pool.begin_with(POOLED_BEGIN).await,
-            (true, true) => self.pool.begin_with(POOLED_BEGIN_READ_ONLY).await,
-        }
+        self.pool.begin_with(self.begin_statement()).await
     }
 
     /// The shared bucket of `source` of `pipeline` (see [`rate`]); `None`
