@@ -1476,7 +1476,12 @@ key = ["id"]
     let status = env.status_of("kinds", "2024-01-06").unwrap();
     assert_eq!(status["error_class"], "contract", "{status}");
     let message = status["error_message"].as_str().unwrap();
-    assert!(message.contains("column `n`"), "{message}");
+    assert!(
+        message.contains("column `n`")
+            && message.contains("NaN")
+            && message.contains("record 1 of chunk"),
+        "{message}"
+    );
     assert_eq!(
         env.db.count("FROM kinds").await,
         2,

@@ -426,7 +426,7 @@ impl Plan {
             let mut stream = db.fetch_raw(&sql, &binds);
             while let Some(row) = stream.next().await {
                 let row = row.map_err(|f| self.error(f, "query"))?;
-                self.decode(&mut rows, &row)?;
+                self.decode(&mut rows, &row, None, read + 1)?;
                 drop(row);
                 read += 1;
                 records.push(self.record(&mut rows, None, read));
@@ -527,7 +527,8 @@ impl Plan {
             let mut stream = db.fetch_raw(sql, binds);
             while let Some(row) = stream.next().await {
                 let row = row.map_err(|f| self.error(f, "query"))?;
-                self.decode(rows, &row)?;
+                let record_no = u64::try_from(read + 1).unwrap_or(u64::MAX);
+                self.decode(rows, &row, Some(chunk_no), record_no)?;
                 drop(row);
                 self.key_into(rows, &mut key)?;
                 // Includes the row past the chunk: a tie across the boundary.
@@ -566,17 +567,27 @@ impl Plan {
 
     /// Decodes `row` into `rows`' cells. The first row of the period
     /// fixes its shape, and is checked for drift and for the key columns.
-    fn decode(&self, rows: &mut Rows, row: &RawRow) -> Result<(), Error> {
+    /// A value that cannot be read names its record: `record` of `chunk`
+    /// (of the period's one snapshot without a chunk).
+    fn decode(
+        &self,
+        rows: &mut Rows,
+        row: &RawRow,
+        chunk: Option<u64>,
+        record: u64,
+    ) -> Result<(), Error> {
+        let at = |mut failure: Failure| {
+            failure.message = match chunk {
+                Some(chunk) => format!("{} (record {record} of chunk {chunk})", failure.message),
+                None => format!("{} (record {record})", failure.message),
+            };
+            self.error(failure, "query")
+        };
         if let Some(shape) = &rows.shape {
-            return shape
-                .layout
-                .decode(row, &mut rows.cells)
-                .map_err(|f| self.error(f, "query"));
+            return shape.layout.decode(row, &mut rows.cells).map_err(at);
         }
         let layout = Layout::new(row);
-        layout
-            .decode(row, &mut rows.cells)
-            .map_err(|f| self.error(f, "query"))?;
+        layout.decode(row, &mut rows.cells).map_err(at)?;
         self.check_columns(&layout.columns, &rows.cells)?;
         let keys = self.key_positions(&layout.columns)?;
         rows.shape = Some(Shape {
