@@ -1216,7 +1216,126 @@ async fn a_finished_run_and_only_its_attempt_end_done(postgres: bool) {
     );
 }
 
+/// The names of `table`'s columns.
+async fn column_names(url: &str, table: &str) -> Vec<String> {
+    if url.starts_with("sqlite") {
+        let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(&format!("SELECT name FROM pragma_table_info('{table}')"))
+            .fetch_all(&mut c)
+            .await
+            .unwrap()
+    } else {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query_scalar(
+            "SELECT column_name::text FROM information_schema.columns
+             WHERE table_name = $1 AND table_schema = current_schema()",
+        )
+        .bind(table)
+        .fetch_all(&mut c)
+        .await
+        .unwrap()
+    }
+}
+
+/// The first claim of a key with no ledger row creates the row `running`
+/// with attempt 1 started (`create_running`: one statement on PostgreSQL,
+/// two on SQLite) instead of inserting it `pending` and starting the
+/// attempt through the claim rules. Both rows it writes must hold what
+/// that longer way writes: a key whose row was created `pending` first is
+/// claimed beside it, and every column of both tables (a column added
+/// later is compared too) must match, except identity and clock columns.
+async fn a_first_claim_writes_what_a_claim_of_a_new_pending_row_writes(postgres: bool) {
+    let p = pipeline();
+    let (db, store, _) = with_table(postgres, &p).await;
+    let (new, pending) = (key(&p, "2024-01-01"), key(&p, "2024-01-02"));
+    let (new_start, pending_start) = (new.period.start_rfc3339(), pending.period.start_rfc3339());
+    // The row a first claim used to insert before it took the key.
+    execute(
+        &db.url,
+        &format!(
+            "INSERT INTO _tm_runs (pipeline, source, export_type, period_start, period_end, created_at, updated_at)
+             VALUES ('p', 's', 'e', '{pending_start}', '{}', '2024-06-01T00:00:00.000Z', '2024-06-01T00:00:00.000Z')",
+            pending.period.end_rfc3339()
+        ),
+    )
+    .await;
+    let first = claimed(store.claim(&new, &request("a")).await.unwrap());
+    let taken = claimed(store.claim(&pending, &request("a")).await.unwrap());
+    assert_eq!(first.lease.attempt, 1);
+    assert_eq!(
+        (
+            first.lease.attempt,
+            &first.lease.owner,
+            first.batches,
+            first.resume.is_none()
+        ),
+        (
+            taken.lease.attempt,
+            &taken.lease.owner,
+            taken.batches,
+            taken.resume.is_none()
+        )
+    );
+    assert_eq!(first.counts, taken.counts);
+    assert_eq!(first.new_fields, taken.new_fields);
+    let same = if postgres {
+        "IS NOT DISTINCT FROM"
+    } else {
+        "IS"
+    };
+    for (table, of_key, skip) in [
+        (
+            "_tm_runs",
+            "period_start",
+            &[
+                "id",
+                "period_start",
+                "period_end",
+                "run_id",
+                "lease_expires_at",
+                "started_at",
+                "created_at",
+                "updated_at",
+            ][..],
+        ),
+        (
+            "_tm_attempts",
+            "run_ref",
+            &["id", "run_ref", "run_id", "started_at"][..],
+        ),
+    ] {
+        let (a, b) = match of_key {
+            "period_start" => (format!("'{new_start}'"), format!("'{pending_start}'")),
+            _ => (
+                first.lease.run_ref.to_string(),
+                taken.lease.run_ref.to_string(),
+            ),
+        };
+        let columns = column_names(&db.url, table).await;
+        assert!(columns.len() > skip.len() + 5, "{table}: {columns:?}");
+        for column in columns.iter().filter(|c| !skip.contains(&c.as_str())) {
+            let sql = format!(
+                "SELECT count(*) FROM {table} a, {table} b
+                 WHERE a.{of_key} = {a} AND b.{of_key} = {b} AND a.{column} {same} b.{column}"
+            );
+            assert_eq!(scalar(&db.url, &sql).await, 1, "{table}.{column} differs");
+        }
+    }
+    // The clock columns are set, in the order the two claims ran.
+    let clocks = format!(
+        "SELECT count(*) FROM _tm_runs a, _tm_runs b
+         WHERE a.period_start = '{new_start}' AND b.period_start = '{pending_start}'
+           AND a.started_at <= b.started_at AND a.lease_expires_at <= b.lease_expires_at
+           AND a.started_at < a.lease_expires_at AND a.updated_at IS NOT NULL
+           AND a.created_at IS NOT NULL AND a.run_id = '{}'",
+        first.lease.run_id
+    );
+    assert_eq!(scalar(&db.url, &clocks).await, 1, "clock columns");
+    store.close().await;
+}
+
 both_backends!(
+    a_first_claim_writes_what_a_claim_of_a_new_pending_row_writes,
     a_finished_run_and_only_its_attempt_end_done,
     queue_claims_by_priority_then_age_once_each,
     concurrent_queue_claims_take_each_key_once,

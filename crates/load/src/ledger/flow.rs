@@ -16,8 +16,8 @@ use super::driver::{
 use super::notices::{self, LineageEvent};
 use super::rules::{decide, Decision, Snapshot};
 use super::sql::{
-    EndAttempt, EnqueueNew, FinishDone, FinishRun, InsertReject, Requeue, SaveProgress,
-    StartAttempt, Statements,
+    BeginAttempt, CreateRunning, EndAttempt, EnqueueNew, FinishDone, FinishRun, InsertAttempt,
+    InsertReject, Requeue, SaveProgress, StartAttempt, Statements,
 };
 use super::{
     decode_hashes, new_run_id, AttemptStatus, Claim, ClaimRequest, ClaimedRun, Counts, Enqueue,
@@ -89,29 +89,97 @@ async fn try_claim<D: Driver>(
     Ok(claim)
 }
 
-/// The claim of `key` inside `tx`: creates its ledger row if missing (the
-/// insert returns it, locked), else locks it, and applies [`take`]. `None`
-/// when another transaction holds the row (PostgreSQL skips it rather than
-/// wait). Shared by a claim's own transaction ([`try_claim`]) and the
-/// transaction that finishes the worker's previous period ([`piggy_back`]).
+/// The claim of `key` inside `tx`: creates its ledger row if missing,
+/// with the first attempt started ([`create_running`]), else locks it and
+/// applies [`take`]. `None` when another transaction holds the row
+/// (PostgreSQL skips it rather than wait). Shared by a claim's own
+/// transaction ([`try_claim`]) and the transaction that finishes the
+/// worker's previous period ([`piggy_back`]).
 async fn claim_in<D: Driver>(
+    tx: &mut D::Tx,
+    key: &RunKey,
+    request: &ClaimRequest,
+) -> Result<Option<Claim>, Error> {
+    if let Some(claim) = create_running::<D>(tx, key, request).await? {
+        return Ok(Some(claim));
+    }
+    let start = key.period.start_rfc3339();
+    match fetch_optional(tx, &sql::<D>().lock_run, &run_key_args(key, &start)).await? {
+        Some(row) => take::<D>(tx, &row, request).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The first claim of a key that has no ledger row: the row is created
+/// `running`, its attempt 1 started fresh, as [`take`] would start it on a
+/// new `pending` row (the claim rules can only say "take it, fresh" of a
+/// row no attempt has touched), in one statement on PostgreSQL and two on
+/// SQLite instead of four. `None`: the row exists (the caller locks it).
+async fn create_running<D: Driver>(
     tx: &mut D::Tx,
     key: &RunKey,
     request: &ClaimRequest,
 ) -> Result<Option<Claim>, Error> {
     let s = sql::<D>();
     let (start, end) = (key.period.start_rfc3339(), key.period.end_rfc3339());
-    let run_key = run_key_args(key, &start);
-    let mut insert = run_key.to_vec();
-    insert.push(Arg::Text(&end));
-    let row = match fetch_optional(tx, &s.create_run, &insert).await? {
-        Some(row) => row,
-        None => match fetch_optional(tx, &s.lock_run, &run_key).await? {
-            Some(row) => row,
-            None => return Ok(None),
-        },
+    let run_id = new_run_id();
+    let owner = request.worker.owner();
+    // A new row has no fields the period has seen before.
+    let fingerprint = FieldsFingerprint::from_stored(&request.fields_fingerprint).carry(None);
+    let create = CreateRunning {
+        pipeline: &key.pipeline,
+        source: &key.source,
+        export_type: &key.export_type,
+        period_start: &start,
+        period_end: &end,
+        run_id: &run_id,
+        owner: &owner,
+        host: &request.worker.host,
+        pid: i64::from(request.worker.pid),
+        lease: request.lease_ttl,
+        handler_version: &request.handler_version,
+        provisional: request.provisional,
+        fingerprint: &fingerprint,
     };
-    take::<D>(tx, &row, request).await.map(Some)
+    let created = match &s.create_running_logged {
+        Some(both) => fetch_optional(tx, both, &create.args()).await?,
+        None => {
+            let created = fetch_optional(tx, &s.create_running, &create.args()).await?;
+            if let Some(row) = &created {
+                let history = InsertAttempt {
+                    run_ref: row.int("id")?,
+                    attempt: 1,
+                    run_id: &run_id,
+                    owner: &owner,
+                    fresh: true,
+                    batches: 0,
+                    queued: false,
+                };
+                tx.execute(&s.insert_attempt, &history.args()).await?;
+            }
+            created
+        }
+    };
+    let Some(row) = created else {
+        return Ok(None);
+    };
+    let lease = Lease {
+        run_ref: row.int("id")?,
+        attempt: 1,
+        run_id,
+        owner,
+        notices: request.notices.clone(),
+    };
+    let started = Started {
+        counts: Counts::default(),
+        batches: 0,
+        seen: KeySet::default(),
+        resume: None,
+    };
+    started
+        .claimed::<D>(tx, lease, &fingerprint)
+        .await
+        .map(Some)
 }
 
 /// The next key's claim at the end of a finishing transaction (ADR 0022,
@@ -227,20 +295,25 @@ async fn take<D: Driver>(
         provisional: request.provisional,
         fingerprint: &fingerprint,
     };
-    tx.execute(&s.start_attempt, &start.args()).await?;
-    tx.execute(
-        &s.insert_attempt,
-        &[
-            Arg::Int(run_ref),
-            Arg::Int(attempt),
-            Arg::Text(&run_id),
-            Arg::Text(&owner),
-            Arg::Bool(!fresh),
-            Arg::OptInt((!fresh).then_some(batches)),
-            Arg::Bool(queued),
-        ],
-    )
-    .await?;
+    match &s.begin_attempt {
+        Some(both) => {
+            let begin = BeginAttempt { start, queued };
+            tx.execute(both, &begin.args()).await?;
+        }
+        None => {
+            tx.execute(&s.start_attempt, &start.args()).await?;
+            let history = InsertAttempt {
+                run_ref,
+                attempt,
+                run_id: &run_id,
+                owner: &owner,
+                fresh,
+                batches,
+                queued,
+            };
+            tx.execute(&s.insert_attempt, &history.args()).await?;
+        }
+    }
     let lease = Lease {
         run_ref,
         attempt,
@@ -248,19 +321,48 @@ async fn take<D: Driver>(
         owner,
         notices: request.notices.clone(),
     };
-    if lease.notices.lineage {
-        if let Some(before) = notices::before::<D>(tx, &lease).await? {
-            notices::attempt_event::<D>(tx, &before, &lease, &counts, LineageEvent::Start).await?;
-        }
-    }
-    Ok(Claim::Claimed(Box::new(ClaimedRun {
-        lease,
-        resume,
+    let started = Started {
         counts,
         batches,
         seen,
-        new_fields: tidemark_core::fingerprint::new_fields(&fingerprint),
-    })))
+        resume,
+    };
+    started.claimed::<D>(tx, lease, &fingerprint).await
+}
+
+/// Where a started attempt begins: what [`take`] and [`create_running`]
+/// hand to [`Started::claimed`].
+struct Started {
+    counts: Counts,
+    batches: i64,
+    seen: KeySet,
+    resume: Option<serde_json::Value>,
+}
+
+impl Started {
+    /// The attempt under `lease` has started inside `tx`: its lineage
+    /// `START` (when enabled) and the claim the worker runs.
+    async fn claimed<D: Driver>(
+        self,
+        tx: &mut D::Tx,
+        lease: Lease,
+        fingerprint: &str,
+    ) -> Result<Claim, Error> {
+        if lease.notices.lineage {
+            if let Some(before) = notices::before::<D>(tx, &lease).await? {
+                notices::attempt_event::<D>(tx, &before, &lease, &self.counts, LineageEvent::Start)
+                    .await?;
+            }
+        }
+        Ok(Claim::Claimed(Box::new(ClaimedRun {
+            lease,
+            resume: self.resume,
+            counts: self.counts,
+            batches: self.batches,
+            seen: self.seen,
+            new_fields: tidemark_core::fingerprint::new_fields(fingerprint),
+        })))
+    }
 }
 
 /// The lineage `ABORT` of the attempt a takeover marked `lost` (the run

@@ -133,6 +133,19 @@ macro_rules! ledger_params {
                 args
             }
         }
+
+        /// A parameter struct is a field of a larger one (a statement that
+        /// runs two in one, PostgreSQL's data-modifying `WITH`): its
+        /// placeholders and values, in its own order.
+        impl<$lt> $crate::ledger::params::Param<$lt> for $name<$lt> {
+            fn names(_field: &'static str) -> Vec<&'static str> {
+                Self::names()
+            }
+
+            fn push(&self, args: &mut Vec<$crate::ledger::driver::Arg<$lt>>) {
+                args.extend(self.args());
+            }
+        }
     };
 }
 pub(crate) use ledger_params;

@@ -241,6 +241,72 @@ ledger_params! {
 }
 
 ledger_params! {
+    /// The parameters of [`Statements::insert_attempt`]: an attempt's
+    /// history row, `running`.
+    InsertAttempt<'a> {
+        /// The run row's id.
+        run_ref: i64,
+        /// The attempt's number.
+        attempt: i64,
+        /// Its run id.
+        run_id: &'a str,
+        /// Its worker (the lease owner).
+        owner: &'a str,
+        /// It starts the period over (else it resumes, from `batches`).
+        fresh: bool,
+        /// The batches it continues from when it resumes.
+        batches: i64,
+        /// The key was claimed from the queue (`pending`): its
+        /// `enqueued_at` becomes the attempt's `queued_at`.
+        queued: bool,
+    }
+}
+
+ledger_params! {
+    /// The parameters of [`Statements::begin_attempt`]: those of
+    /// [`Statements::start_attempt`] and whether the key was queued.
+    BeginAttempt<'a> {
+        /// The run row's new attempt.
+        start: StartAttempt<'a>,
+        /// The key was claimed from the queue (`pending`).
+        queued: bool,
+    }
+}
+
+ledger_params! {
+    /// The parameters of [`Statements::create_running`]: a run key with no
+    /// ledger row, created with its first attempt started.
+    CreateRunning<'a> {
+        /// Pipeline of the run key.
+        pipeline: &'a str,
+        /// Source of the run key.
+        source: &'a str,
+        /// Export type of the run key.
+        export_type: &'a str,
+        /// Period start of the run key.
+        period_start: &'a str,
+        /// Period end.
+        period_end: &'a str,
+        /// The first attempt's run id.
+        run_id: &'a str,
+        /// The lease owner (`host:pid:instance`).
+        owner: &'a str,
+        /// The holder's host.
+        host: &'a str,
+        /// The holder's process id.
+        pid: i64,
+        /// How long the lease lasts unless renewed.
+        lease: Duration,
+        /// The pipeline's handler version.
+        handler_version: &'a str,
+        /// The period is still open (`--allow-open`).
+        provisional: bool,
+        /// The `[fields]` fingerprint.
+        fingerprint: &'a str,
+    }
+}
+
+ledger_params! {
     /// The parameters of [`Statements::end_attempt`].
     EndAttempt<'a> {
         /// How the attempt ended.
@@ -386,11 +452,19 @@ pub(crate) struct Statements {
     /// Creates the run key's row unless it exists. `$1..$5`: pipeline,
     /// source, export type, period start, period end.
     pub insert_run: String,
-    /// [`Statements::insert_run`] returning what a claim reads of the new
-    /// row: a row comes back only when this transaction created it, and
-    /// then it is locked by that insert, so the claim needs no
-    /// [`Statements::lock_run`] (one statement less for every first run).
-    pub create_run: String,
+    /// Creates the run key's row unless it exists, already `running` with
+    /// its first attempt started (the values [`Statements::start_attempt`]
+    /// would set on a new row), and returns its `id`: a row comes back only
+    /// when this transaction created it, locked by that insert, so the
+    /// first claim of a key needs no [`Statements::lock_run`], no
+    /// `start_attempt` and no claim rules (a key without a row can only be
+    /// started fresh). Binds [`CreateRunning`]. On SQLite the attempt's
+    /// history row follows ([`Statements::insert_attempt`]).
+    pub create_running: String,
+    /// PostgreSQL: [`Statements::create_running`] and the attempt's history
+    /// row in one statement (a data-modifying `WITH`), returning `id` only
+    /// when the row was created. Binds [`CreateRunning`].
+    pub create_running_logged: Option<String>,
     /// Reads and locks the run key's row, or returns nothing when another
     /// transaction holds it (PostgreSQL: a claim never waits behind a
     /// batch). `$1..$4`: the run key.
@@ -417,11 +491,13 @@ pub(crate) struct Statements {
     pub delete_batches: String,
     /// Starts an attempt on the run row: binds [`StartAttempt`].
     pub start_attempt: String,
-    /// `$1` run ref, `$2` attempt, `$3` run id, `$4` worker, `$5` resumed,
-    /// `$6` the batch count it continues from (NULL when it starts fresh),
-    /// `$7` the key was claimed from the queue (`pending`): its
-    /// `enqueued_at` becomes the attempt's `queued_at`.
+    /// The attempt's history row, `running`: binds [`InsertAttempt`].
     pub insert_attempt: String,
+    /// PostgreSQL: [`Statements::start_attempt`] and the attempt's history
+    /// row in one statement (a data-modifying `WITH`), a round trip less
+    /// for every claim of an existing row. Binds [`BeginAttempt`]. SQLite
+    /// runs the two.
+    pub begin_attempt: Option<String>,
     /// `$1` lease seconds, `$2` run ref, `$3` attempt.
     pub heartbeat: String,
     /// Bounds the heartbeat transaction's row-lock waits: `$1`
@@ -555,8 +631,67 @@ impl Statements {
              VALUES ($1, $2, $3, $4, $5, {now}, {now})
              ON CONFLICT (pipeline, source, export_type, period_start) DO NOTHING"
         );
+        // The attempt's history row, `running`, from `values` (a `VALUES`
+        // list or a `SELECT`): written once for `insert_attempt`,
+        // `begin_attempt` and `create_running_logged`.
+        let attempt_row = |values: &str| {
+            format!(
+                "INSERT INTO _tm_attempts (run_ref, attempt, run_id, worker, status, resumed, from_batch, started_at,
+                                           queued_at)
+                 {values}"
+            )
+        };
+        let attempt_values = format!(
+            "VALUES ($run_ref, $attempt, $run_id, $owner, '{attempt_running}', NOT $fresh,
+                     CASE WHEN $fresh THEN NULL ELSE $batches END, {now},
+                     CASE WHEN $queued THEN (SELECT enqueued_at FROM _tm_runs WHERE id = $run_ref) END)"
+        );
+        let start_attempt = format!(
+            "UPDATE _tm_runs SET status = '{running}', attempt = $attempt, run_id = $run_id,
+                    lease_owner = $owner, lease_host = $host, lease_pid = $pid,
+                    lease_expires_at = {lease},
+                    checkpoint = CASE WHEN $fresh THEN NULL ELSE checkpoint END,
+                    batches = $batches, {count_sets},
+                    error_class = NULL, error_message = NULL, result = NULL,
+                    handler_version = $handler_version,
+                    started_at = CASE WHEN $fresh THEN {now} ELSE started_at END,
+                    finished_at = NULL, updated_at = {now}, provisional = $provisional,
+                    fields_fingerprint = $fingerprint, marked = NULL, mark_note = NULL
+             WHERE id = $run_ref",
+            lease = d.now_plus("$lease"),
+        );
+        // A new row as `start_attempt` leaves one it found `pending` with no
+        // attempt: attempt 1, fresh, zero counts, the lease taken.
+        let create_running = format!(
+            "INSERT INTO _tm_runs (pipeline, source, export_type, period_start, period_end, status, attempt,
+                                   run_id, lease_owner, lease_host, lease_pid, lease_expires_at, batches,
+                                   {counts}, handler_version, started_at, provisional, fields_fingerprint,
+                                   created_at, updated_at)
+             VALUES ($pipeline, $source, $export_type, $period_start, $period_end, '{running}', 1,
+                     $run_id, $owner, $host, $pid, {lease}, 0,
+                     {zero_values}, $handler_version, {now}, $provisional, $fingerprint,
+                     {now}, {now})
+             ON CONFLICT (pipeline, source, export_type, period_start) DO NOTHING
+             RETURNING id",
+            counts = Counts::COLUMNS.join(", "),
+            lease = d.now_plus("$lease"),
+        );
         Statements {
-            create_run: format!("{insert_run} RETURNING {claim_columns}"),
+            create_running: number(&create_running, &CreateRunning::names()),
+            create_running_logged: match d {
+                Dialect::Postgres => Some(number(
+                    &format!(
+                        "WITH run AS ({create_running}) {} RETURNING run_ref AS id",
+                        attempt_row(&format!(
+                            "SELECT id, 1, $run_id, $owner, '{attempt_running}', FALSE, CAST(NULL AS BIGINT),
+                                    {now}, CAST(NULL AS TIMESTAMPTZ)
+                             FROM run"
+                        )),
+                    ),
+                    &CreateRunning::names(),
+                )),
+                Dialect::Sqlite => None,
+            },
             insert_run,
             lock_run: format!(
                 "SELECT {claim_columns} FROM _tm_runs WHERE {run_key}{}",
@@ -585,29 +720,18 @@ impl Statements {
             select_seen: "SELECT key_hashes FROM _tm_batches WHERE run_ref = $1 AND run_id = $2"
                 .to_string(),
             delete_batches: "DELETE FROM _tm_batches WHERE run_ref = $1".to_string(),
-            start_attempt: number(
-                &format!(
-                    "UPDATE _tm_runs SET status = '{running}', attempt = $attempt, run_id = $run_id,
-                            lease_owner = $owner, lease_host = $host, lease_pid = $pid,
-                            lease_expires_at = {lease},
-                            checkpoint = CASE WHEN $fresh THEN NULL ELSE checkpoint END,
-                            batches = $batches, {count_sets},
-                            error_class = NULL, error_message = NULL, result = NULL,
-                            handler_version = $handler_version,
-                            started_at = CASE WHEN $fresh THEN {now} ELSE started_at END,
-                            finished_at = NULL, updated_at = {now}, provisional = $provisional,
-                            fields_fingerprint = $fingerprint, marked = NULL, mark_note = NULL
-                     WHERE id = $run_ref",
-                    lease = d.now_plus("$lease"),
-                ),
-                &StartAttempt::names(),
-            ),
-            insert_attempt: format!(
-                "INSERT INTO _tm_attempts (run_ref, attempt, run_id, worker, status, resumed, from_batch, started_at,
-                                           queued_at)
-                 VALUES ($1, $2, $3, $4, '{attempt_running}', $5, $6, {now},
-                         CASE WHEN $7 THEN (SELECT enqueued_at FROM _tm_runs WHERE id = $1) END)"
-            ),
+            start_attempt: number(&start_attempt, &StartAttempt::names()),
+            insert_attempt: number(&attempt_row(&attempt_values), &InsertAttempt::names()),
+            begin_attempt: match d {
+                Dialect::Postgres => Some(number(
+                    &format!(
+                        "WITH history AS ({}) {start_attempt}",
+                        attempt_row(&attempt_values)
+                    ),
+                    &BeginAttempt::names(),
+                )),
+                Dialect::Sqlite => None,
+            },
             heartbeat: format!(
                 "UPDATE _tm_runs SET lease_expires_at = {}
                  WHERE id = $2 AND attempt = $3 AND status = '{running}'",
@@ -967,6 +1091,8 @@ mod tests {
                 &s.key_rows,
                 &s.done_starts,
                 &s.start_attempt,
+                &s.insert_attempt,
+                &s.create_running,
                 &s.end_attempt,
                 &s.save_progress,
                 &s.finish_run,
@@ -985,6 +1111,8 @@ mod tests {
             ]
             .into_iter()
             .chain(s.finish_done.as_ref())
+            .chain(s.begin_attempt.as_ref())
+            .chain(s.create_running_logged.as_ref())
             {
                 let mut used: Vec<usize> = sql
                     .match_indices('$')
@@ -1012,6 +1140,8 @@ mod tests {
             let s = Statements::of(dialect);
             for (sql, params) in [
                 (&s.start_attempt, StartAttempt::names().len()),
+                (&s.insert_attempt, InsertAttempt::names().len()),
+                (&s.create_running, CreateRunning::names().len()),
                 (&s.end_attempt, EndAttempt::names().len()),
                 (&s.save_progress, SaveProgress::names().len()),
                 (&s.finish_run, FinishRun::names().len()),
@@ -1025,6 +1155,16 @@ mod tests {
                 s.finish_done
                     .as_ref()
                     .map(|sql| (sql, FinishDone::names().len())),
+            )
+            .chain(
+                s.begin_attempt
+                    .as_ref()
+                    .map(|sql| (sql, BeginAttempt::names().len())),
+            )
+            .chain(
+                s.create_running_logged
+                    .as_ref()
+                    .map(|sql| (sql, CreateRunning::names().len())),
             ) {
                 let highest = (1..=params).rev().find(|n| {
                     sql.match_indices(&format!("${n}"))
