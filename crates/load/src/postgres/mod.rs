@@ -64,6 +64,17 @@ pub(crate) const DEFAULT_MAX_CONNECTIONS: u32 = 16;
 /// gives its slots back to the server's `max_connections` soon.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A pooled connection idle for at least this long is pinged before it is
+/// handed out; one used more recently is handed out as it is. sqlx pings
+/// every connection it hands out by default, a round trip (and a wake-up
+/// of the server's backend) before every transaction: two per small
+/// period (its stored-row probe and its write transaction), about a fifth
+/// of the round trips a tiny period makes (ADR 0022). A connection the
+/// server dropped within this second fails its first statement instead,
+/// as one dropped mid-statement does, and that failure is transient
+/// (retried, `tests/coordination.rs`).
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
 /// A pool of connections to one PostgreSQL database.
 #[derive(Debug, Clone)]
 pub(crate) struct PgStore {
@@ -250,6 +261,15 @@ impl PgStore {
             .max_connections(max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS).max(1))
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .idle_timeout(IDLE_TIMEOUT)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_AFTER_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_lazy_with(options);
         let store = PgStore {
             pool,
