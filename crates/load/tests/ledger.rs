@@ -1358,6 +1358,83 @@ both_backends!(
     a_large_backlog_is_claimed_through_the_queue_index,
 );
 
+/// Ends every session of the test database at the server, as a restart or
+/// an idle-session reaper would, and waits until they are gone.
+async fn end_sessions(url: &str) {
+    let name = url.rsplit('/').next().unwrap().split('?').next().unwrap();
+    let admin = support::admin_url();
+    let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
+    let ended: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                               WHERE datname = $1 AND pid <> pg_backend_pid()) t",
+    )
+    .bind(name)
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    assert!(ended > 0, "the store's connection was open");
+    for _ in 0..500 {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
+                .bind(name)
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+        if left == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the sessions of {name} did not end");
+}
+
+/// The pool hands out a connection used within the last second without
+/// pinging it first (sqlx pings every one by default: a round trip before
+/// each transaction, two per small period), and pings one idle longer.
+/// So a connection the server dropped while idle is replaced once it has
+/// been idle a second; one dropped sooner fails its first statement, and
+/// that failure is transient (the engine retries it, as a statement whose
+/// session ends mid-way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pooled_connection_is_pinged_and_a_fresh_one_is_not() {
+    let p = pipeline();
+    let db = TestDb::new(true).await;
+    let one = tidemark_load::StoreOptions {
+        max_connections: Some(1),
+        pgbouncer: false,
+    };
+    let store = Store::connect_with(&db.url, &one).await.unwrap();
+    claimed(
+        store
+            .claim(&key(&p, "2024-01-01"), &request("a"))
+            .await
+            .unwrap(),
+    );
+    // Dropped at once: the next transaction gets the dead connection.
+    end_sessions(&db.url).await;
+    let error = store
+        .claim(&key(&p, "2024-01-02"), &request("a"))
+        .await
+        .expect_err("a dead connection used within the second is not pinged");
+    assert!(error.is_transient(), "{error}");
+    claimed(
+        store
+            .claim(&key(&p, "2024-01-02"), &request("a"))
+            .await
+            .unwrap(),
+    );
+    // Dropped, then idle past the second: pinged, found dead, replaced.
+    end_sessions(&db.url).await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    claimed(
+        store
+            .claim(&key(&p, "2024-01-03"), &request("a"))
+            .await
+            .unwrap(),
+    );
+    store.close().await;
+}
+
 /// Two schedulers and a `status` started together on a new SQLite file:
 /// the first switches the file to WAL while the others open it. Opening a
 /// file not yet in WAL while another connection holds its write lock made

@@ -16,7 +16,8 @@
 #[path = "../../../../tests/support/pg.rs"]
 mod pg;
 
-pub use pg::PgDatabase;
+#[allow(unused_imports)] // `admin_url`: only the ledger tests end sessions
+pub use pg::{admin_url, PgDatabase};
 
 /// A fresh database for one test: a SQLite file in a temporary folder, or
 /// a PostgreSQL database created on the test server. Both go when this is
