@@ -7,6 +7,7 @@ use tidemark_core::Error;
 /// and administrator shutdowns are transient; constraint and type errors
 /// are permanent.
 pub(crate) fn db_error(err: sqlx::Error) -> Error {
+    crate::postgres::note_if_lost(&err);
     if is_storage_failure(&err) {
         return Error::Storage {
             message: err.to_string(),

@@ -1359,8 +1359,9 @@ both_backends!(
 );
 
 /// Ends every session of the test database at the server, as a restart or
-/// an idle-session reaper would, and waits until they are gone.
-async fn end_sessions(url: &str) {
+/// an idle-session reaper would, and waits until they are gone: how many
+/// there were.
+async fn end_sessions(url: &str) -> i64 {
     let name = url.rsplit('/').next().unwrap().split('?').next().unwrap();
     let admin = support::admin_url();
     let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
@@ -1372,7 +1373,6 @@ async fn end_sessions(url: &str) {
     .fetch_one(&mut c)
     .await
     .unwrap();
-    assert!(ended > 0, "the store's connection was open");
     for _ in 0..500 {
         let left: i64 =
             sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
@@ -1381,7 +1381,7 @@ async fn end_sessions(url: &str) {
                 .await
                 .unwrap();
         if left == 0 {
-            return;
+            return ended;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -1390,45 +1390,46 @@ async fn end_sessions(url: &str) {
 
 /// The pool hands out a connection used within the last second without
 /// pinging it first (sqlx pings every one by default: a round trip before
-/// each transaction, two per small period), and pings one idle longer.
-/// So a connection the server dropped while idle is replaced once it has
-/// been idle a second; one dropped sooner fails its first statement, and
-/// that failure is transient (the engine retries it, as a statement whose
-/// session ends mid-way).
+/// each transaction, two per small period), and pings one idle longer,
+/// and every one for a while after a connection was found gone. So after
+/// the server drops its sessions (a restart), the first transaction on a
+/// just-used connection fails, transiently (the engine retries it); the
+/// next is handed a pinged connection, a new one, though the pool still
+/// held a second dead one; and a dead connection idle past the second is
+/// replaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_pooled_connection_is_pinged_and_a_fresh_one_is_not() {
     let p = pipeline();
     let db = TestDb::new(true).await;
-    let one = tidemark_load::StoreOptions {
-        max_connections: Some(1),
+    let two = tidemark_load::StoreOptions {
+        max_connections: Some(2),
         pgbouncer: false,
     };
-    let store = Store::connect_with(&db.url, &one).await.unwrap();
-    claimed(
-        store
-            .claim(&key(&p, "2024-01-01"), &request("a"))
-            .await
-            .unwrap(),
-    );
-    // Dropped at once: the next transaction gets the dead connection.
-    end_sessions(&db.url).await;
+    let store = Store::connect_with(&db.url, &two).await.unwrap();
+    let (first, second, asking) = (key(&p, "2024-01-01"), key(&p, "2024-01-02"), request("a"));
+    let (one, other) = tokio::join!(store.claim(&first, &asking), store.claim(&second, &asking));
+    claimed(one.unwrap());
+    claimed(other.unwrap());
+    assert_eq!(end_sessions(&db.url).await, 2, "two pooled connections");
     let error = store
-        .claim(&key(&p, "2024-01-02"), &request("a"))
+        .claim(&key(&p, "2024-01-03"), &request("a"))
         .await
         .expect_err("a dead connection used within the second is not pinged");
     assert!(error.is_transient(), "{error}");
+    // The pool's other connection is dead too, and was used within the
+    // second: pinged all the same, now that one was found gone.
     claimed(
         store
-            .claim(&key(&p, "2024-01-02"), &request("a"))
+            .claim(&key(&p, "2024-01-03"), &request("a"))
             .await
             .unwrap(),
     );
     // Dropped, then idle past the second: pinged, found dead, replaced.
-    end_sessions(&db.url).await;
+    assert!(end_sessions(&db.url).await > 0);
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     claimed(
         store
-            .claim(&key(&p, "2024-01-03"), &request("a"))
+            .claim(&key(&p, "2024-01-04"), &request("a"))
             .await
             .unwrap(),
     );

@@ -26,6 +26,7 @@ mod stored_copy;
 mod table;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use std::str::FromStr;
@@ -74,6 +75,48 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// as one dropped mid-statement does, and that failure is transient
 /// (retried, `tests/coordination.rs`).
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// For this long after this process saw a connection that was gone, every
+/// pooled connection is pinged before it is handed out, however recently
+/// it was used: a server restart (or a pooler's) leaves every idle
+/// connection dead, and each would otherwise cost an operation one of its
+/// retries.
+const PING_ALL_AFTER_LOSS: Duration = Duration::from_secs(10);
+
+/// When this process last saw a PostgreSQL connection that was gone, in
+/// milliseconds since the Unix epoch (0: never). One clock for every pool
+/// of the process: a lost connection is evidence about the server, and
+/// pinging for a while costs nothing else.
+static LOST_AT_MS: AtomicU64 = AtomicU64::new(0);
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Records `err` if it says its connection is gone (the socket failed, or
+/// the server ended the session: SQLSTATE class 08, `57P01`–`57P03`).
+pub(crate) fn note_if_lost(err: &sqlx::Error) {
+    let lost = match err {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
+    };
+    if lost {
+        LOST_AT_MS.store(now_ms(), Ordering::Relaxed);
+    }
+}
+
+/// Whether a connection idle for `idle_for` is pinged before it is handed
+/// out (see [`PING_AFTER_IDLE`], [`PING_ALL_AFTER_LOSS`]).
+fn ping_first(idle_for: Duration) -> bool {
+    let lost_at = LOST_AT_MS.load(Ordering::Relaxed);
+    let since_loss = Duration::from_millis(now_ms().saturating_sub(lost_at));
+    idle_for >= PING_AFTER_IDLE || (lost_at != 0 && since_loss < PING_ALL_AFTER_LOSS)
+}
 
 /// A pool of connections to one PostgreSQL database.
 #[derive(Debug, Clone)]
@@ -264,7 +307,7 @@ impl PgStore {
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
-                    if meta.idle_for >= PING_AFTER_IDLE {
+                    if ping_first(meta.idle_for) {
                         conn.ping().await?;
                     }
                     Ok(true)
