@@ -7,7 +7,9 @@ use tidemark_core::Error;
 /// and administrator shutdowns are transient; constraint and type errors
 /// are permanent.
 pub(crate) fn db_error(err: sqlx::Error) -> Error {
-    crate::postgres::note_if_lost(&err);
+    if is_connection_lost(&err) {
+        crate::postgres::connection_lost();
+    }
     if is_storage_failure(&err) {
         return Error::Storage {
             message: err.to_string(),
@@ -141,15 +143,27 @@ fn sqlite_primary_code(code: &str) -> Option<i64> {
     code.parse::<i64>().ok().map(|n| n & 0xff)
 }
 
-/// PostgreSQL SQLSTATEs worth a retry: connection exceptions (08…),
-/// serialization failure, deadlock, administrator/crash shutdown, cannot
-/// connect now, too many connections, lock not available.
+/// PostgreSQL SQLSTATEs worth a retry: the session ended (see
+/// [`session_ended_sqlstate`]), serialization failure, deadlock, too many
+/// connections, lock not available.
 fn transient_sqlstate(code: &str) -> bool {
-    code.starts_with("08")
-        || matches!(
-            code,
-            "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300" | "55P03"
-        )
+    session_ended_sqlstate(code) || matches!(code, "40001" | "40P01" | "53300" | "55P03")
+}
+
+/// PostgreSQL SQLSTATEs that say the session is gone: connection
+/// exceptions (08…), administrator or crash shutdown, cannot connect now.
+fn session_ended_sqlstate(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+}
+
+/// Whether `err` says its connection is gone: the socket failed, or the
+/// server ended the session.
+fn is_connection_lost(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| session_ended_sqlstate(&code)),
+        _ => false,
+    }
 }
 
 /// Shorthand for `.map_err(db_error)`.

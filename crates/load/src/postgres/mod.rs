@@ -95,19 +95,10 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Records `err` if it says its connection is gone (the socket failed, or
-/// the server ended the session: SQLSTATE class 08, `57P01`–`57P03`).
-pub(crate) fn note_if_lost(err: &sqlx::Error) {
-    let lost = match err {
-        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            code.starts_with("08") || matches!(code.as_ref(), "57P01" | "57P02" | "57P03")
-        }),
-        _ => false,
-    };
-    if lost {
-        LOST_AT_MS.store(now_ms(), Ordering::Relaxed);
-    }
+/// Records that a connection was found gone (`db_error`, where every
+/// sqlx error becomes tidemark's, tells).
+pub(crate) fn connection_lost() {
+    LOST_AT_MS.store(now_ms(), Ordering::Relaxed);
 }
 
 /// Whether a connection idle for `idle_for` is pinged before it is handed
