@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value as Json;
 
-use crate::support::http::{Hit, Reply, Server};
+use crate::support::http::{DownPort, Hit, Reply, Server};
 use crate::support::{backend_tests, Backend, Env};
 
 backend_tests! {
@@ -148,12 +148,21 @@ fn notices(env: &Env) -> Vec<Json> {
     out.json_lines()
 }
 
-fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+fn wait_until(what: &str, timeout: Duration, ok: impl FnMut() -> bool) {
+    assert!(waited_for(timeout, ok), "{what}: not within {timeout:?}");
+}
+
+/// Whether `ok` became true within `timeout` (the caller says what failed,
+/// with what it knows).
+fn waited_for(timeout: Duration, mut ok: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while !ok() {
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
+    true
 }
 
 /// A period failing three times (three commands, each a failed attempt)
@@ -258,28 +267,30 @@ async fn receiver_answering_400_makes_the_notice_dead_and_status_shows_it(backen
 /// A receiver that is down: the run ends at once (its notice waits), and
 /// the notice reaches the receiver once it is back, exactly once.
 async fn receiver_down_never_holds_a_run_and_gets_the_notice_once_back(backend: Backend) {
-    let port = {
-        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        taken.local_addr().unwrap().port()
-    };
-    let env = orders_told(backend, &format!("http://127.0.0.1:{port}")).await;
+    let down = DownPort::reserve();
+    let env = orders_told(backend, &format!("http://127.0.0.1:{}", down.port)).await;
     break_day(&env, true);
     let out = env.tidemark(&["run", "orders", "--period", DAY]);
     out.expect_code(1, "the period fails");
-    assert!(
-        out.elapsed < Duration::from_secs(8),
-        "a receiver that is down held the run for {:?}",
-        out.elapsed
-    );
+    // Not held: the command tried once, was refused at once (a POST waiting
+    // out its timeout says "timed out"), and left the notice queued rather
+    // than waiting to try again. Asserted on what happened, not on the
+    // clock, which a busy machine stretches.
     let waiting = notices(&env);
     assert_eq!(waiting.len(), 1, "{waiting:#?}");
-    assert_eq!(waiting[0]["status"], "pending");
-    assert!(waiting[0]["last_error"]
-        .as_str()
-        .unwrap()
-        .contains("connect"));
+    assert_eq!(waiting[0]["status"], "pending", "{waiting:#?}");
+    assert_eq!(
+        waiting[0]["attempts"], 1,
+        "one try, no waiting for a second: {waiting:#?}"
+    );
+    let error = waiting[0]["last_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("could not connect"),
+        "refused at once, not timed out ({:?}): {error}",
+        out.elapsed
+    );
     let status = Arc::new(AtomicU16::new(200));
-    let server = Server::start_on(&format!("127.0.0.1:{port}"), {
+    let server = Server::start_on(down, {
         let status = Arc::clone(&status);
         move |_| Reply::status(status.load(Ordering::SeqCst), "application/json", "{}")
     });
@@ -291,9 +302,12 @@ async fn receiver_down_never_holds_a_run_and_gets_the_notice_once_back(backend: 
         "--public-url",
         "https://tidemark.example/",
     ]);
-    wait_until("the notice delivered", Duration::from_secs(30), || {
-        server.requests() >= 1
-    });
+    assert!(
+        waited_for(Duration::from_secs(30), || server.requests() >= 1),
+        "the notice was not delivered within 30 s; the outbox: {:#?}\nserve:\n{}",
+        notices(&env),
+        serve.output_so_far()
+    );
     // Time for a second delivery, if there were one.
     std::thread::sleep(Duration::from_secs(2));
     serve.signal("TERM");

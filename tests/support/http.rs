@@ -169,6 +169,33 @@ struct Shared {
     sent: AtomicU64,
 }
 
+/// A port on 127.0.0.1 where nothing answers: bound, never listening, so
+/// every connection is refused at once, and held, so no other process of a
+/// busy test run can take it before [`Server::start_on`] listens on it.
+/// (A port found free and released is a race: a parallel test's listener
+/// or outgoing connection may take it in between.)
+pub struct DownPort {
+    socket: socket2::Socket,
+    pub port: u16,
+}
+
+impl DownPort {
+    pub fn reserve() -> DownPort {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let socket =
+            Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).expect("a TCP socket");
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        socket.bind(&any.into()).expect("bind 127.0.0.1:0");
+        let port = socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map(|a| a.port())
+            .expect("the bound port");
+        DownPort { socket, port }
+    }
+}
+
 /// The running server; stops when dropped.
 pub struct Server {
     pub base: String,
@@ -178,13 +205,26 @@ pub struct Server {
 
 impl Server {
     pub fn start(handler: impl Fn(&Request) -> Reply + Send + Sync + 'static) -> Server {
-        Server::start_on("127.0.0.1:0", handler)
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap_or_else(|e| panic!("bind 127.0.0.1:0: {e}"));
+        Server::serve(listener, handler)
     }
 
-    /// [`Server::start`] on this address (`127.0.0.1:PORT`): a receiver
-    /// that comes back on the port a client was refused at.
+    /// [`Server::start`] on the port `down` kept refusing: a receiver that
+    /// comes back where a client was refused, with no moment in which
+    /// another process could take the port.
     pub fn start_on(
-        addr: &str,
+        down: DownPort,
+        handler: impl Fn(&Request) -> Reply + Send + Sync + 'static,
+    ) -> Server {
+        down.socket
+            .listen(128)
+            .expect("listen on the reserved port");
+        Server::serve(down.socket.into(), handler)
+    }
+
+    fn serve(
+        listener: std::net::TcpListener,
         handler: impl Fn(&Request) -> Reply + Send + Sync + 'static,
     ) -> Server {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -192,10 +232,8 @@ impl Server {
             .enable_all()
             .build()
             .expect("server runtime");
-        // Bound here, not on the runtime: a test may start a server from
+        // Made here, not on the runtime: a test may start a server from
         // inside its own runtime, where `block_on` is not allowed.
-        let listener =
-            std::net::TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
         listener
             .set_nonblocking(true)
             .expect("nonblocking listener");
