@@ -807,3 +807,42 @@ async fn a_csv_header_lacking_a_read_column_is_drift_before_any_record() {
     let mut reader = open(&p, None).await.unwrap();
     assert_eq!(ids(&read_all(&mut reader).await), ["1", "2"]);
 }
+
+/// A path with no wildcard is looked at directly: it names the same file,
+/// spelled the same way (checkpoints hold the name), as the glob did; and
+/// a path the glob would spell otherwise still goes through the glob.
+#[test]
+fn a_path_without_wildcards_names_the_file_as_the_glob_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("pipelines");
+    std::fs::create_dir_all(base.join("data/2024")).unwrap();
+    std::fs::write(base.join("data/2024/a.csv"), "id\n1\n").unwrap();
+    let glob_names = |pattern: &str| -> Vec<String> {
+        glob::glob(pattern)
+            .unwrap()
+            .map(|p| p.unwrap().display().to_string())
+            .collect()
+    };
+    for rendered in ["data/2024/a.csv", "data/2024/missing.csv"] {
+        let path = base.join(rendered);
+        assert!(super::is_plain(&path), "{}", path.display());
+        let direct: Vec<String> = super::readable(path.clone())
+            .into_iter()
+            .map(|f| f.name.to_string())
+            .collect();
+        assert_eq!(
+            direct,
+            glob_names(&path.display().to_string()),
+            "{rendered}"
+        );
+    }
+    for odd in [
+        "data/./2024/a.csv",
+        "data/../data/2024/a.csv",
+        "data//2024/a.csv",
+    ] {
+        assert!(!super::is_plain(&base.join(odd)), "{odd}");
+    }
+    // A folder is not a file to read, whichever way it is found.
+    assert!(super::readable(base.join("data")).is_none());
+}
