@@ -12,7 +12,8 @@ use tidemark_core::spec::SourceSpec;
 use tidemark_core::{Error, Period, Pipeline, RunKey};
 use tidemark_extract::{BuiltInSources, OpenSource};
 use tidemark_load::{
-    Claim, EnqueuedBy, Mark, MarkAs, Marked, QueueKey, RunStatus, Store, WorkerId, WorkerKind,
+    Claim, Durable, EnqueuedBy, Mark, MarkAs, Marked, QueueKey, RunStatus, Store, WorkerId,
+    WorkerKind,
 };
 
 use crate::clock::{Clock, SystemClock};
@@ -129,6 +130,30 @@ pub enum RunEvent {
     /// Reading the ledger for the next page failed after its retries: no
     /// further page is planned.
     PlanFailed(Error),
+}
+
+/// The events of [`Engine::run_many`]'s workers, each with when what it
+/// reports is on disk.
+type Events = tokio::sync::mpsc::UnboundedSender<(RunEvent, Durable)>;
+
+/// `event` once what it reports is on disk: a period whose commit is
+/// shared with the next ones (SQLite, ADR 0022) is reported done only
+/// after that commit, and failed if the commit was never made (nothing of
+/// it was kept, and it runs again next time).
+async fn once_durable(event: RunEvent, durable: Durable) -> RunEvent {
+    if !durable.is_pending() {
+        return event;
+    }
+    match (durable.wait().await, event) {
+        (Err(error), RunEvent::Ran(KeyOutcome { key, .. })) => {
+            tracing::error!(%key, error = %error, "the period's shared commit was not made");
+            RunEvent::Ran(KeyOutcome {
+                key,
+                outcome: Outcome::Failed(error),
+            })
+        }
+        (_, event) => event,
+    }
 }
 
 /// How [`Engine::run_many`] runs its keys.
@@ -268,7 +293,10 @@ impl Engine {
     /// order. A worker takes its next job as its current period finishes,
     /// so that the transaction finishing the period also claims the next
     /// key (the claim piggy-back, ADR 0022): one commit per small period
-    /// instead of two.
+    /// instead of two. On SQLite the finishing transactions of one-batch
+    /// periods also share their commit (up to 64 periods, or 20 ms): each
+    /// period's outcome is yielded once its commit is made, never before,
+    /// so whatever reads this stream reports only what is on disk.
     ///
     /// A run that finds the database unable to store anything more stops
     /// the stream from claiming further keys: they end
@@ -286,14 +314,15 @@ impl Engine {
             }),
             stopped: std::sync::Mutex::new(None),
         });
-        let (events, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let (events, mut received) = tokio::sync::mpsc::unbounded_channel::<(RunEvent, Durable)>();
         let workers: futures_util::stream::FuturesUnordered<_> = (0..how.concurrency.max(1))
             .map(|_| self.work(Arc::clone(&feed), how, events.clone()))
             .collect();
         // The stream ends when every worker has ended (and dropped its
         // sender) and their events are read.
         drop(events);
-        let events = futures_util::stream::poll_fn(move |cx| received.poll_recv(cx));
+        let events = futures_util::stream::poll_fn(move |cx| received.poll_recv(cx))
+            .then(|(event, durable)| once_durable(event, durable));
         let working = workers.filter_map(|()| std::future::ready(None::<RunEvent>));
         futures_util::stream::select(events, working)
     }
@@ -301,12 +330,7 @@ impl Engine {
     /// One worker of [`Engine::run_many`]: runs jobs of `feed` until none
     /// is left, the next one first if its previous period's transaction
     /// took it.
-    async fn work(
-        &self,
-        feed: Arc<Feed>,
-        how: RunMany,
-        events: tokio::sync::mpsc::UnboundedSender<RunEvent>,
-    ) {
+    async fn work(&self, feed: Arc<Feed>, how: RunMany, events: Events) {
         let mut relay = Relay::new(&*feed, &self.ctx);
         loop {
             let (job, claim) = match relay.take() {
@@ -317,7 +341,8 @@ impl Engine {
                 },
             };
             let ran = self.run_or_not(job, claim, &feed, &mut relay).await;
-            if events.send(RunEvent::Ran(ran)).is_err() {
+            let durable = relay.take_durable();
+            if events.send((RunEvent::Ran(ran), durable)).is_err() {
                 // Nobody reads the events any more: the stream was dropped.
                 return;
             }
@@ -529,12 +554,7 @@ impl Feed {
     /// The next job, planning the next page (and telling `events`) when
     /// the planned ones are taken; `None` once every plan is run, or a
     /// plan's ledger read failed (no further page is planned).
-    async fn next(
-        &self,
-        engine: &Engine,
-        how: &RunMany,
-        events: &tokio::sync::mpsc::UnboundedSender<RunEvent>,
-    ) -> Option<Job> {
+    async fn next(&self, engine: &Engine, how: &RunMany, events: &Events) -> Option<Job> {
         let mut pages = self.pages.lock().await;
         loop {
             if let Some(job) = pages.jobs.pop_front() {
@@ -557,14 +577,14 @@ impl Feed {
                     };
                     // The reader of the events may be gone; the jobs still
                     // end as the stream is dropped.
-                    let _ = events.send(planned);
+                    let _ = events.send((planned, Durable::now()));
                     pages.jobs.extend(jobs);
                 }
                 Ok(None) => {
                     pages.planners.pop_front();
                 }
                 Err(e) => {
-                    let _ = events.send(RunEvent::PlanFailed(e));
+                    let _ = events.send((RunEvent::PlanFailed(e), Durable::now()));
                     pages.planners.clear();
                 }
             }

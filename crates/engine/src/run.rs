@@ -10,8 +10,8 @@ use tidemark_core::spec::DuplicateKeyPolicy;
 use tidemark_core::{Error, KeyMap, Origin, Pipeline, RetryPolicy, Row, RunKey};
 use tidemark_extract::Checkpoint;
 use tidemark_load::{
-    Claim, ClaimRequest, ClaimedRun, Counts, Lease, NextClaim, Reconcile, Reject, RunWriter, Store,
-    TableSchema, WorkerId, WorkerKind, WriterOptions,
+    Claim, ClaimRequest, ClaimedRun, Counts, Durable, Lease, NextClaim, Reconcile, Reject,
+    RunWriter, Store, TableSchema, WorkerId, WorkerKind, WriterOptions,
 };
 use tidemark_transform::Transformer;
 
@@ -222,6 +222,10 @@ pub(crate) struct Relay<'a> {
     /// The job taken, and the answer of its piggy-backed claim once the
     /// finishing transaction committed.
     taken: Option<(Job, Option<Claim>)>,
+    /// When the last period's finishing transaction is on disk: its commit
+    /// may be shared with the next periods' (SQLite, ADR 0022), and the
+    /// period is reported done only then.
+    durable: Durable,
 }
 
 impl<'a> Relay<'a> {
@@ -232,6 +236,7 @@ impl<'a> Relay<'a> {
             shutdown: ctx.shutdown.clone(),
             lease_ttl: ctx.lease_ttl,
             taken: None,
+            durable: Durable::now(),
         }
     }
 
@@ -262,6 +267,12 @@ impl<'a> Relay<'a> {
     /// The job taken for next, with its claim if one was piggy-backed.
     pub(crate) fn take(&mut self) -> Option<(Job, Option<Claim>)> {
         self.taken.take()
+    }
+
+    /// When the period that just ended is on disk (at once unless its
+    /// commit is shared).
+    pub(crate) fn take_durable(&mut self) -> Durable {
+        std::mem::take(&mut self.durable)
     }
 }
 
@@ -513,7 +524,7 @@ impl Job {
         // reads the run key's stored hashes.
         let defer = Arc::new(AtomicBool::new(false));
         let mut batches = self.produce(&reads, committed.clone(), &transformer, &defer);
-        let mut writer = self.open_writer(&schema, &run).await?;
+        let mut writer = self.open_writer(&schema, &run, relay.is_some()).await?;
         self.allow_defer(&writer, &defer);
         let mut backoff = Backoff::new(&pipeline.retry);
         let reconcile = Reconcile {
@@ -549,7 +560,7 @@ impl Job {
                     })
                     .await?;
                     run = fresh(run, run_id);
-                    writer = self.open_writer(&schema, &run).await?;
+                    writer = self.open_writer(&schema, &run, relay.is_some()).await?;
                     self.allow_defer(&writer, &defer);
                     // The ledger's counts went back to 0 with the restart.
                     tally.take(&writer);
@@ -674,21 +685,28 @@ impl Job {
     }
 
     /// Starts the run's writer (it reads the run key's stored rows), with
-    /// retries: like every database step of a run.
+    /// retries: like every database step of a run. A worker with a relay
+    /// reports its periods through [`Relay::take_durable`], so its writer
+    /// may share a tiny period's commit with the next ones'.
     async fn open_writer(
         &self,
         schema: &TableSchema,
         run: &ClaimedRun,
+        share_commit: bool,
     ) -> Result<RunWriter, Error> {
         let load = &self.pipeline.spec.load;
         let options = WriterOptions {
             memory_budget: load.memory_budget_bytes(),
             track_new_keys: load.on_duplicate_key != DuplicateKeyPolicy::Last,
         };
-        retry(&self.pipeline.retry, "open the writer", || {
+        let mut writer = retry(&self.pipeline.retry, "open the writer", || {
             self.store.writer(schema.clone(), run, &self.key, options)
         })
-        .await
+        .await?;
+        if share_commit {
+            writer.share_commit();
+        }
+        Ok(writer)
     }
 
     /// The pipeline as this period reads its source: fields new to the
@@ -895,6 +913,7 @@ async fn finish_one(
             Ok((result, claim)) => {
                 if let Some(relay) = relay {
                     relay.claimed(claim);
+                    relay.durable = writer.take_durable();
                 }
                 return Ok(result);
             }

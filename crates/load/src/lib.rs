@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 mod db_error;
+mod durable;
 mod ledger;
 mod postgres;
 mod rate;
@@ -27,6 +28,7 @@ use tidemark_core::{Error, RunKey};
 use ledger::driver::Driver as _;
 use ledger::flow;
 
+pub use durable::Durable;
 pub use ledger::preview::{KeyRef, KeyRow, Preview};
 pub use ledger::{
     notify_target, Delivered, LineageEvent, NewNotice, NoticeKind, NoticeTargets, NotifyTarget,
@@ -554,9 +556,10 @@ impl Store {
         existing: &stored::StoredHashes,
         reconcile: &Reconcile,
         next: Option<&NextClaim>,
-    ) -> Result<(writer::BatchOutcome, serde_json::Value, Option<Claim>), Error> {
+        commit: durable::Commit,
+    ) -> Result<flow::Finished, Error> {
         let next = self.piggy_back(next);
-        dispatch!(self, s => flow::apply_and_finish(s, lease, schema, lineage, batch, existing, reconcile, next).await)
+        dispatch!(self, s => flow::apply_and_finish(s, lease, schema, lineage, batch, existing, reconcile, next, commit).await)
     }
 
     /// Reconciles and marks the run done (see [`flow::finish`]), then

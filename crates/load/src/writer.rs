@@ -12,6 +12,8 @@ use tidemark_core::spec::OnMissing;
 use tidemark_core::{Error, Hash128, Row, RunKey};
 use tidemark_core::{KeyMap, KeySet};
 
+use crate::durable::{Commit, Durable};
+use crate::ledger::flow::Finished;
 use crate::ledger::{encode_hashes, Claim, ClaimedRun, Counts, Lease, NextClaim};
 use crate::schema::TableSchema;
 use crate::stored::{Builder, Found, Hashes, StoredHashes};
@@ -197,6 +199,11 @@ pub struct RunWriter {
     /// Keys of the batch whose raw record matched the stored raw hash, with
     /// their positions: counted unchanged, and seen once the batch commits.
     raw_skipped: Vec<(Hash128, usize)>,
+    /// How a one-batch period's finishing transaction commits (see
+    /// [`RunWriter::share_commit`]).
+    commit: Commit,
+    /// When the last finishing transaction is on disk.
+    durable: Durable,
 }
 
 impl RunWriter {
@@ -268,6 +275,8 @@ impl RunWriter {
             direct_copy: true,
             looked_up: KeyMap::default(),
             raw_skipped: Vec::new(),
+            commit: Commit::Alone,
+            durable: Durable::now(),
         })
     }
 
@@ -487,12 +496,18 @@ impl RunWriter {
                         &self.existing,
                         &reconcile,
                         next,
+                        self.commit,
                     )
                     .await
             }
             Err(e) => Err(e),
         };
-        let (outcome, result, claim) = match committed {
+        let Finished {
+            outcome,
+            result,
+            claim,
+            durable,
+        } = match committed {
             Ok(done) => done,
             Err(e) => {
                 for position in newly {
@@ -512,7 +527,22 @@ impl RunWriter {
         }
         self.counts = counts;
         self.batches = batch.batch_no;
+        self.durable = durable;
         Ok((result, claim))
+    }
+
+    /// Lets a one-batch period's finishing transaction share its commit
+    /// with the next periods' (ADR 0022, SQLite): for a worker whose
+    /// reporter waits for [`RunWriter::take_durable`] before it calls the
+    /// period done.
+    pub fn share_commit(&mut self) {
+        self.commit = Commit::Shared;
+    }
+
+    /// When the period's finishing transaction is on disk: at once unless
+    /// its commit is shared ([`RunWriter::share_commit`]).
+    pub fn take_durable(&mut self) -> Durable {
+        std::mem::take(&mut self.durable)
     }
 
     /// Commits one batch: changed rows, the batch's keys, rejects, counts

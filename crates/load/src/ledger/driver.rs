@@ -21,6 +21,7 @@ use tidemark_core::spec::OnMissing;
 use tidemark_core::Error;
 
 use super::StoredClass;
+use crate::durable::Durable;
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
 use crate::writer::{BatchOutcome, BatchWrite, Lineage, Stamp, StoredRow};
@@ -200,6 +201,16 @@ pub(crate) trait LedgerTx: Send {
 
     /// Commits.
     fn commit(self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Commits a transaction begun by [`Driver::begin_shared`]: on a
+    /// backend that shares commits (SQLite), possibly later, together with
+    /// the next periods' ([`Durable`] tells when); elsewhere now.
+    fn commit_shared(self) -> impl Future<Output = Result<Durable, Error>> + Send
+    where
+        Self: Sized,
+    {
+        async move { self.commit().await.map(|()| Durable::now()) }
+    }
 }
 
 /// Implements [`LedgerTx`] for a backend's transaction type, which has a
@@ -317,6 +328,14 @@ pub(crate) trait Driver: Send + Sync {
     /// lock at once (`BEGIN IMMEDIATE`), waiting on the busy timeout, so it
     /// never fails later on a stale read snapshot.
     fn begin(&self) -> impl Future<Output = Result<Self::Tx, Error>> + Send;
+
+    /// Begins the finishing transaction of a one-batch period whose
+    /// commit may be shared with the next such periods (ADR 0022): on
+    /// SQLite it joins the shared transaction open on this store, behind a
+    /// savepoint of its own. PostgreSQL commits each period at once.
+    fn begin_shared(&self) -> impl Future<Output = Result<Self::Tx, Error>> + Send {
+        self.begin()
+    }
 
     /// Begins a transaction that only reads: on SQLite it does not keep
     /// writers waiting while it reads.

@@ -24,6 +24,7 @@ use super::{
     Lease, LedgerEntry, NextClaim, QueuePipeline, QueuedRun, RunStatus, StartRange, StoredClass,
     WorkerId,
 };
+use crate::durable::{Commit, Durable};
 use crate::schema::TableSchema;
 use crate::stored::StoredHashes;
 use crate::writer::{
@@ -1070,7 +1071,8 @@ pub(crate) async fn apply_batch<D: Driver>(
     lineage: &Lineage,
     batch: &BatchWrite<'_>,
 ) -> Result<BatchOutcome, Error> {
-    let (stamp, prepared, mut tx) = begin_batch(driver, lease, schema, lineage, batch).await?;
+    let (stamp, prepared, mut tx) =
+        begin_batch(driver, lease, schema, lineage, batch, Commit::Alone).await?;
     let outcome = write_batch_in::<D>(
         driver, &mut tx, lease, schema, &stamp, batch, &prepared, true,
     )
@@ -1096,6 +1098,7 @@ async fn begin_batch<'l, D: Driver>(
     schema: &TableSchema,
     lineage: &'l Lineage,
     batch: &BatchWrite<'_>,
+    commit: Commit,
 ) -> Result<(Stamp<'l>, D::Prepared, D::Tx), Error> {
     let stamp = Stamp {
         lineage,
@@ -1103,9 +1106,23 @@ async fn begin_batch<'l, D: Driver>(
         loaded_at: chrono::Utc::now(),
     };
     let prepared = driver.prepare(schema, &stamp, batch)?;
-    let mut tx = driver.begin().await?;
+    let mut tx = match commit {
+        Commit::Alone => driver.begin().await?,
+        Commit::Shared => driver.begin_shared().await?,
+    };
     fence::<D>(&mut tx, lease).await?;
     Ok((stamp, prepared, tx))
+}
+
+/// What the finishing transaction of a one-batch period did.
+pub(crate) struct Finished {
+    pub outcome: BatchOutcome,
+    /// The run's result (its counts), as stored with `done`.
+    pub result: serde_json::Value,
+    /// The answer of the next key's claim, when one was carried.
+    pub claim: Option<Claim>,
+    /// When it is on disk (see [`Commit::Shared`]).
+    pub durable: Durable,
 }
 
 /// A period that fits in one batch: the batch, the reconciliation and
@@ -1113,7 +1130,8 @@ async fn begin_batch<'l, D: Driver>(
 /// remembered keys: they would be deleted in the same transaction).
 /// `existing` must already count the batch's keys as seen. With `next`,
 /// the same transaction then claims the worker's next key (ADR 0022) and
-/// returns the claim's answer.
+/// returns the claim's answer. With [`Commit::Shared`] the commit may be
+/// made later, with the next periods' ([`Finished::durable`]).
 #[allow(clippy::too_many_arguments)] // the batch's and the finish's inputs
 pub(crate) async fn apply_and_finish<D: Driver>(
     driver: &D,
@@ -1124,8 +1142,10 @@ pub(crate) async fn apply_and_finish<D: Driver>(
     existing: &StoredHashes,
     reconcile: &Reconcile,
     next: Option<&NextClaim>,
-) -> Result<(BatchOutcome, serde_json::Value, Option<Claim>), Error> {
-    let (stamp, prepared, mut tx) = begin_batch(driver, lease, schema, lineage, batch).await?;
+    commit: Commit,
+) -> Result<Finished, Error> {
+    let (stamp, prepared, mut tx) =
+        begin_batch(driver, lease, schema, lineage, batch, commit).await?;
     let outcome = write_batch_in::<D>(
         driver, &mut tx, lease, schema, &stamp, batch, &prepared, false,
     )
@@ -1134,15 +1154,18 @@ pub(crate) async fn apply_and_finish<D: Driver>(
         // The transaction is aborted: dropped, it rolls back.
         drop(tx);
         let merged = batch.merged();
-        let (merged, result, claim) = Box::pin(apply_and_finish(
-            driver, lease, schema, lineage, &merged, existing, reconcile, next,
+        let finished = Box::pin(apply_and_finish(
+            driver, lease, schema, lineage, &merged, existing, reconcile, next, commit,
         ))
         .await?;
         let outcome = BatchOutcome {
             direct_copy_conflict: true,
-            ..merged
+            ..finished.outcome
         };
-        return Ok((outcome, result, claim));
+        return Ok(Finished {
+            outcome,
+            ..finished
+        });
     }
     let mut counts = batch.counts;
     outcome.written.apply(&mut counts);
@@ -1159,13 +1182,21 @@ pub(crate) async fn apply_and_finish<D: Driver>(
             piggy_back_failed(next, &e);
             drop(tx);
             return Box::pin(apply_and_finish(
-                driver, lease, schema, lineage, batch, existing, reconcile, None,
+                driver, lease, schema, lineage, batch, existing, reconcile, None, commit,
             ))
             .await;
         }
     };
-    tx.commit().await?;
-    Ok((outcome, result, claim))
+    let durable = match commit {
+        Commit::Alone => tx.commit().await.map(|()| Durable::now())?,
+        Commit::Shared => tx.commit_shared().await?,
+    };
+    Ok(Finished {
+        outcome,
+        result,
+        claim,
+        durable,
+    })
 }
 
 /// The writes of one batch inside `tx`: rows, rejects, remembered keys

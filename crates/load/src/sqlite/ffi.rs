@@ -100,6 +100,12 @@ impl HeldConnection {
         Ok(&self.held.insert(held).raw)
     }
 
+    /// The raw connection if it is held already: for a synchronous
+    /// rollback where no `await` is possible (a transaction's drop).
+    pub(super) fn raw_if_held(&self) -> Option<&Connection> {
+        self.held.as_ref().map(|held| &held.raw)
+    }
+
     /// Closes the connection when dropped instead of returning it.
     pub(super) fn close_on_drop(&mut self) {
         self.held = None;

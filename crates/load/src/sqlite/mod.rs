@@ -58,6 +58,8 @@ pub(crate) struct SqliteStore {
     /// reading (see [`scan`]); `None` for a database no other connection
     /// can open, and read-only.
     scans: Option<std::sync::Arc<scan::ScanConnections>>,
+    /// The transaction one-batch periods share (see [`driver::Shared`]).
+    shared: std::sync::Arc<tokio::sync::Mutex<driver::Shared>>,
 }
 
 /// Space kept beside the database file (`<file>-tidemark-reserve`, 256
@@ -172,6 +174,7 @@ impl SqliteStore {
             read_only: false,
             reserve,
             scans,
+            shared: std::sync::Arc::default(),
         };
         store.migrate().await?;
         Ok(store)
@@ -212,6 +215,7 @@ impl SqliteStore {
                 notify: tokio::sync::Notify::new(),
             })),
             read_only: true,
+            shared: std::sync::Arc::default(),
             reserve: None,
             scans: None,
         };
@@ -276,7 +280,14 @@ impl SqliteStore {
             .map_err(crate::db_error::db_error)
     }
 
+    /// Commits the transaction tiny periods share, if one is open (see
+    /// [`driver::Shared`]).
+    pub(crate) async fn commit_shared_now(&self) {
+        self.shared.lock().await.commit(&self.kept).await;
+    }
+
     pub(crate) async fn close(&self) {
+        self.commit_shared_now().await;
         self.kept.release_all();
         if let Some(scans) = &self.scans {
             scans.close();
