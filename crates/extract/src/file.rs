@@ -64,7 +64,14 @@ pub struct FileReader {
     source: String,
     state: Option<Box<State>>,
     failed: Option<Error>,
+    /// The first batch, read by [`FileReader::open`] in the same hand-over
+    /// to the blocking pool (regular files only: a FIFO's first batch may
+    /// wait for its writer, which opening must not).
+    first: Option<BatchRead>,
 }
+
+/// What one read of a batch answered.
+type BatchRead = Result<Option<Batch>, Error>;
 
 impl fmt::Debug for FileReader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -99,7 +106,7 @@ impl FileReader {
         let resume = resume.cloned();
         // One hand-over to the blocking pool for all of opening: a small
         // period's whole read is two (ADR 0007, section 7).
-        let state = run_blocking(move || -> Result<Box<State>, Error> {
+        let state = run_blocking(move || -> Result<(Box<State>, Option<BatchRead>), Error> {
             let files = pattern.expand()?;
             let shown = &pattern.shown;
             debug!(source = %source, pattern = %shown, files = files.len(), "matched files");
@@ -122,13 +129,22 @@ impl FileReader {
                 debug!(source = %source, file_index = position.file_index, records = position.records, "resuming");
                 state.seek(&position)?;
             }
-            Ok(state)
+            // A small period's whole read is then one hand-over, not two:
+            // each costs two thread wake-ups (ADR 0022).
+            let first = state
+                .files
+                .iter()
+                .all(|f| f.regular)
+                .then(|| state.read_batch());
+            Ok((state, first))
         })
         .await??;
+        let (state, first) = state;
         Ok(FileReader {
             source: spec.id.clone(),
             state: Some(state),
             failed: None,
+            first,
         })
     }
 
@@ -150,6 +166,9 @@ impl FileReader {
     }
 
     async fn read_batch(&mut self) -> Result<Option<Batch>, Error> {
+        if let Some(first) = self.first.take() {
+            return first;
+        }
         if self.state.as_ref().is_some_and(|s| s.exhausted()) {
             return Ok(None); // known without another hand-over
         }
@@ -286,7 +305,9 @@ fn is_plain(path: &Path) -> bool {
 /// `path` as a file to read, if it is one (see [`is_readable_kind`]).
 fn readable(path: PathBuf) -> Option<SourceFile> {
     match std::fs::metadata(&path) {
-        Ok(meta) if is_readable_kind(&meta.file_type()) => Some(SourceFile::new(path)),
+        Ok(meta) if is_readable_kind(&meta.file_type()) => {
+            Some(SourceFile::new(path, meta.is_file()))
+        }
         Ok(_) => {
             debug!(path = %path.display(), "skipping: not a regular file or FIFO");
             None
@@ -326,12 +347,18 @@ fn is_regular(path: &Path) -> bool {
 struct SourceFile {
     path: PathBuf,
     name: Arc<str>,
+    /// A regular file (not a FIFO): reading it never waits for a writer.
+    regular: bool,
 }
 
 impl SourceFile {
-    fn new(path: PathBuf) -> SourceFile {
+    fn new(path: PathBuf, regular: bool) -> SourceFile {
         let name = Arc::from(path.display().to_string());
-        SourceFile { path, name }
+        SourceFile {
+            path,
+            name,
+            regular,
+        }
     }
 
     fn open(&self) -> Result<File, Error> {
