@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{backend_tests, Backend, Env};
+use crate::support::{backend_tests, Backend, Env, Out};
 
 backend_tests! {
     stopped_backfill_of_tiny_periods_leaves_no_key_leased: stopped_backfill_of_tiny_periods_leaves_no_key_leased_sqlite, stopped_backfill_of_tiny_periods_leaves_no_key_leased_postgres;
@@ -115,28 +115,33 @@ async fn stopped_backfill_of_tiny_periods_leaves_no_key_leased(backend: Backend)
 
     let second = env.tidemark(&args);
     second.expect_code(0, "the second backfill");
-    let total = DAYS * ROWS;
-    assert_eq!(env.db.count("FROM p").await, total, "{second}");
-    assert_eq!(
-        env.db
-            .count("FROM _tm_runs WHERE status = 'done' AND rows_inserted = 3 AND rows_updated = 0 AND rows_unchanged = 0")
-            .await,
-        DAYS,
-        "each period inserted its rows once\n{second}"
-    );
-    assert_eq!(
-        env.db
-            .count("FROM _tm_attempts WHERE status = 'done'")
-            .await,
-        DAYS,
-        "one done attempt a period\n{second}"
-    );
+    every_day_loaded_once(&env, &second).await;
     assert_eq!(
         env.db
             .count("FROM _tm_attempts WHERE status = 'running'")
             .await,
         0,
         "{second}"
+    );
+}
+
+/// Every day's rows are stored, each period inserted them once, and has
+/// one `done` attempt (`out`: the last command, shown on failure).
+async fn every_day_loaded_once(env: &Env, out: &Out) {
+    assert_eq!(env.db.count("FROM p").await, DAYS * ROWS, "{out}");
+    assert_eq!(
+        env.db
+            .count("FROM _tm_runs WHERE status = 'done' AND rows_inserted = 3 AND rows_updated = 0 AND rows_unchanged = 0")
+            .await,
+        DAYS,
+        "each period inserted its rows once\n{out}"
+    );
+    assert_eq!(
+        env.db
+            .count("FROM _tm_attempts WHERE status = 'done'")
+            .await,
+        DAYS,
+        "one done attempt a period\n{out}"
     );
 }
 
@@ -207,14 +212,7 @@ async fn a_period_reported_done_is_on_disk_when_the_process_dies(backend: Backen
 
     let second = env.tidemark(&args);
     second.expect_code(0, "the backfill after the kill");
-    assert_eq!(env.db.count("FROM p").await, DAYS * ROWS, "{second}");
-    assert_eq!(
-        env.db
-            .count("FROM _tm_attempts WHERE status = 'done'")
-            .await,
-        DAYS,
-        "one done attempt a period\n{second}"
-    );
+    every_day_loaded_once(&env, &second).await;
 }
 
 /// Sixty tiny days, three of which the destination refuses (a trigger
