@@ -266,8 +266,9 @@ impl SqliteTx {
     async fn commit_now(mut self) -> Result<(), Error> {
         if self.member.is_some() {
             // A period of the shared transaction asked to commit now: the
-            // shared transaction commits, with it.
-            return self.commit_member(true).await.map(drop);
+            // shared transaction commits, with it, and its outcome is this
+            // commit's (already known: `now` commits before returning).
+            return self.commit_member(true).await?.wait().await;
         }
         ledger_sql::execute(self.raw().await?, "COMMIT", &[])?;
         if let Some(conn) = self.conn.take() {

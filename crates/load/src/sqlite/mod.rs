@@ -476,4 +476,74 @@ mod tests {
             .unwrap();
         assert_eq!(store.kept.lock_len(), 0);
     }
+    /// The rows a connection of its own sees in `t` (committed ones).
+    fn committed(path: &std::path::Path) -> Vec<i64> {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        let mut stmt = conn.prepare("SELECT v FROM t ORDER BY v").unwrap();
+        let rows = stmt.query_map([], |r| r.get(0)).unwrap();
+        rows.map(Result::unwrap).collect()
+    }
+
+    /// The shared transaction of tiny periods (ADR 0022): a period's
+    /// commit is not made until another write begins (which makes it,
+    /// before it takes the write lock itself); a period dropped without
+    /// committing rolls back its own writes only; and `commit()` of a
+    /// period commits the shared transaction at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shared_periods_commit_together_and_roll_back_alone() {
+        use crate::ledger::driver::{Arg, Driver, LedgerTx};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        let mut tx = store.begin().await.unwrap();
+        tx.execute("CREATE TABLE t (v INTEGER)", &[]).await.unwrap();
+        tx.commit().await.unwrap();
+        let insert = |v| {
+            let store = store.clone();
+            async move {
+                let mut tx = store.begin_shared().await.unwrap();
+                tx.execute("INSERT INTO t VALUES ($1)", &[Arg::Int(v)])
+                    .await
+                    .unwrap();
+                tx
+            }
+        };
+
+        let first = insert(1).await.commit_shared().await.unwrap();
+        assert!(first.is_pending(), "the first period's commit is shared");
+        // A period that fails: dropped after its write.
+        drop(insert(2).await);
+        let third = insert(3).await.commit_shared().await.unwrap();
+        assert!(committed(&path).is_empty(), "nothing is committed yet");
+
+        // Another write commits the shared transaction before it begins.
+        let mut alone = store.begin().await.unwrap();
+        assert_eq!(
+            committed(&path),
+            [1, 3],
+            "the dropped period rolled back alone"
+        );
+        first.wait().await.expect("the first period is on disk");
+        third.wait().await.expect("the third period is on disk");
+        alone
+            .execute("INSERT INTO t VALUES ($1)", &[Arg::Int(4)])
+            .await
+            .unwrap();
+        alone.commit().await.unwrap();
+
+        // A period committed with `commit()` is on disk when it returns.
+        insert(5).await.commit().await.unwrap();
+        assert_eq!(committed(&path), [1, 3, 4, 5]);
+
+        // The timer commits a shared transaction nobody else ends.
+        let sixth = insert(6).await.commit_shared().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), sixth.wait())
+            .await
+            .expect("the timer commits within its 20 ms")
+            .unwrap();
+        assert_eq!(committed(&path), [1, 3, 4, 5, 6]);
+        store.close().await;
+    }
 }
